@@ -1,0 +1,47 @@
+# Two promises: `make run` and `make test` work on a fresh machine.
+# `make setup` builds .venv once (idempotent: a stamp file records the recipe).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.recd-setup-stamp
+# CPU recipe (the default). GPU users: TORCH_SPEC='torch==2.13.0' FBGEMM_SPEC='fbgemm-gpu==1.8.0'
+# with a CUDA wheel index, see README.
+TORCH_SPEC ?= torch==2.13.0
+FBGEMM_SPEC ?= fbgemm-gpu-cpu==1.8.0
+TORCHREC_SPEC ?= torchrec==1.8.0
+
+.PHONY: setup run test lint typecheck bench bench-quick clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --disable-pip-version-check '$(TORCH_SPEC)'
+	$(PIP) install --quiet --disable-pip-version-check '$(FBGEMM_SPEC)' tensordict torchmetrics tqdm pyre-extensions
+	$(PIP) install --quiet --disable-pip-version-check --no-deps '$(TORCHREC_SPEC)'
+	$(PIP) install --quiet --disable-pip-version-check -e '.[spark,bench,dev]'
+	$(PY) -c "import torch, torchrec, fbgemm_gpu, pyarrow, zstandard; print('recd setup ok: torch', torch.__version__, 'torchrec', torchrec.__version__ if hasattr(torchrec, '__version__') else '1.8')"
+	touch $(STAMP)
+
+run: setup
+	$(VENV)/bin/recd run --config pipelines/small.toml
+
+test: setup
+	$(PY) -m pytest -q tests
+
+lint: setup
+	$(VENV)/bin/ruff check recd models pipelines benchmarks tests
+	$(VENV)/bin/ruff format --check recd models pipelines benchmarks tests
+
+typecheck: setup
+	$(VENV)/bin/mypy
+
+bench-quick: setup
+	$(PY) benchmarks/storage.py --quick
+
+bench: setup
+	$(PY) benchmarks/storage.py
+
+clean:
+	rm -rf runs/ .pytest_cache .mypy_cache .ruff_cache

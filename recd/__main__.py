@@ -1,0 +1,5 @@
+import sys
+
+from recd.cli import main
+
+sys.exit(main())

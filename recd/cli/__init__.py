@@ -1,0 +1,49 @@
+"""The ``recd`` command line: one subcommand per pipeline stage.
+
+Each stage lives in its own module under ``recd.cli`` that defines ``register(subparsers)``.
+Errors a user can fix (``RecdError``) print one clear line and exit 2; nothing else calls
+``sys.exit``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from recd.errors import RecdError
+
+# Modules under recd.cli, each adding its subcommand(s); listed in pipeline order.
+COMMAND_MODULES = ("logs", "etl", "run")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="recd",
+        description="RecD-style pipeline: logs -> table -> tensors -> model -> disk.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(f"recd.cli.{name}")
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``recd`` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args) or 0)
+    except RecdError as exc:
+        print(f"recd {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"recd {args.command}: interrupted", file=sys.stderr)
+        return 130
