@@ -32,3 +32,36 @@ class BadRowError(RecdError):
 
 class CommitError(RecdError):
     """A table partition could not be committed atomically."""
+
+
+class CheckpointError(RecdError):
+    """A checkpoint or run directory cannot be used as asked (see the subclasses)."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """A ``step_NNNNNN.bin`` file is not a valid checkpoint: wrong size, truncated, extended,
+    impossible header, foreign file, or a header that disagrees with the model's layout."""
+
+
+class CheckpointTooLargeError(CheckpointError):
+    """The model has more parameters (or the step is larger) than the int32 header can hold."""
+
+
+class SidecarError(RecdError):
+    """A run-directory sidecar (``.loss.json``, ``.samples.json``, ``.state.json``) is unusable,
+    or a resumed run disagrees with the history it recorded (bit-exact resume broken)."""
+
+
+class TensorFormatError(RecdError, ValueError):
+    """A KJT / IKJT / batch container is internally inconsistent (names the part and the value)."""
+
+
+class BadLineError(BadRowError):
+    """A line of a text input (CSV, JSON Lines) is bad: names the file, the 1-based line as an
+    editor shows it (a CSV header is line 1) and the field (None: the whole line is malformed)."""
+
+    def __init__(self, path: str, line: int, field: str | None, problem: str) -> None:
+        super().__init__(path, line, field or "", problem)
+        self.line = line
+        where = f"field {field!r}: " if field else ""
+        self.args = (f"{path}: line {line}: {where}{problem}",)

@@ -1,0 +1,116 @@
+"""Checkpoints: the shared flat ``step_NNNNNN.bin`` format, atomic writes, retention, sidecars.
+
+- ``format``: the byte layout, ``ParamLayout`` (THE parameter order: the logical unsharded
+  model's parameter-iterator order), the reader, ranged writes for distributed saves;
+- ``atomic``: temp file + fsync + rename + fsync dir, listing, fallback to the newest valid file,
+  ``_layout.json``;
+- ``retention``: keep the newest K plus every Mth (by step);
+- ``sidecars``: ``.loss.json`` (append-only JSON Lines), ``.samples.json``, ``.state.json``,
+  pivot archive and fork.
+
+Spec: ``shared/specs/checkpoint.md``.
+"""
+
+from recd.checkpoint.atomic import (
+    LAYOUT_FILE,
+    checkpoint_path,
+    clean_stray_temp_files,
+    commit,
+    list_checkpoints,
+    newest_valid_checkpoint,
+    read_layout,
+    read_layout_or_none,
+    temp_path_for,
+    write_checkpoint,
+    write_layout,
+)
+from recd.checkpoint.format import (
+    MAX_PARAMS,
+    REGIONS,
+    Checkpoint,
+    CheckpointHeader,
+    ParamLayout,
+    ParamSpec,
+    checkpoint_filename,
+    checkpoint_size_bytes,
+    parse_checkpoint_step,
+    preallocate,
+    read_checkpoint,
+    validate_checkpoint,
+    write_region_range,
+)
+from recd.checkpoint.retention import (
+    RetentionPolicy,
+    apply_retention,
+    apply_retention_in_background,
+)
+from recd.checkpoint.sidecars import (
+    LOSS_FILE,
+    SAMPLES_FILE,
+    STATE_FILE,
+    ForkResult,
+    LossHistory,
+    LossLog,
+    append_sample_audit,
+    archive_policy_sidecars,
+    fork_run,
+    read_loss_history,
+    read_samples,
+    read_state,
+    write_samples,
+    write_state,
+)
+from recd.errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointTooLargeError,
+    SidecarError,
+)
+
+__all__ = [
+    "LAYOUT_FILE",
+    "LOSS_FILE",
+    "MAX_PARAMS",
+    "REGIONS",
+    "SAMPLES_FILE",
+    "STATE_FILE",
+    "Checkpoint",
+    "CheckpointCorruptError",
+    "CheckpointError",
+    "CheckpointHeader",
+    "CheckpointTooLargeError",
+    "ForkResult",
+    "LossHistory",
+    "LossLog",
+    "ParamLayout",
+    "ParamSpec",
+    "RetentionPolicy",
+    "SidecarError",
+    "append_sample_audit",
+    "apply_retention",
+    "apply_retention_in_background",
+    "archive_policy_sidecars",
+    "checkpoint_filename",
+    "checkpoint_path",
+    "checkpoint_size_bytes",
+    "clean_stray_temp_files",
+    "commit",
+    "fork_run",
+    "list_checkpoints",
+    "newest_valid_checkpoint",
+    "parse_checkpoint_step",
+    "preallocate",
+    "read_checkpoint",
+    "read_layout",
+    "read_layout_or_none",
+    "read_loss_history",
+    "read_samples",
+    "read_state",
+    "temp_path_for",
+    "validate_checkpoint",
+    "write_checkpoint",
+    "write_layout",
+    "write_region_range",
+    "write_samples",
+    "write_state",
+]

@@ -1,0 +1,335 @@
+"""How checkpoints and run-directory files land on disk: atomically, durably, recoverably.
+
+Every file of a run directory is written the same way:
+
+1. write into a temp file in the *same* directory, named ``.<final name>.tmp-<tag>`` (a dot
+   file that never matches ``step_NNNNNN.bin``, so no listing can mistake it for a checkpoint);
+2. fsync the temp file;
+3. ``os.replace`` it onto the final name (atomic on POSIX: readers see the old file or the new
+   one, never a mix);
+4. fsync the directory, so the rename itself survives a power cut.
+
+A SIGKILL or power cut before step 3 leaves only a stray temp file (removed at the next start
+by ``clean_stray_temp_files``) and the previous checkpoint untouched; after step 3 the new file
+is complete. A checkpoint therefore counts only once ``commit`` returned.
+
+On resume ``newest_valid_checkpoint`` validates from the newest file backwards and falls back
+to the previous one with a logged warning naming the skipped file and the reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from recd.checkpoint.format import (
+    HEADER_BYTES,
+    REGIONS,
+    ParamLayout,
+    as_float32_flat,
+    check_header_fits,
+    checkpoint_filename,
+    pack_header,
+    parse_checkpoint_step,
+    validate_checkpoint,
+    write_all,
+)
+from recd.errors import CheckpointCorruptError
+
+log = logging.getLogger(__name__)
+
+TEMP_MARKER = ".tmp-"
+_TEMP_NAME_RE = re.compile(r"^\..+\.tmp-[A-Za-z0-9_.-]+$")
+LAYOUT_FILE = "_layout.json"
+"""The ordered parameter names and shapes, written beside the checkpoints of a run."""
+
+RegionSource = Any
+"""A float32 array (numpy or CPU torch tensor, any shape: flattened in C order), or an iterable
+of such arrays written one after the other (e.g. ``layout.iter_flat(named_tensors)``), so a
+model never needs to be concatenated into one big copy."""
+
+
+# ----------------------------------------------------------------------------- primitives
+
+
+def temp_path_for(final_path: str | os.PathLike[str], tag: str | None = None) -> Path:
+    """``<dir>/.<name>.tmp-<tag>`` beside ``final_path``; ``tag`` defaults to this process id.
+
+    In a distributed save all ranks must write the same temp file: pick one tag for the job
+    (e.g. ``f"job{job_id}-step{step}"``) and pass it on every rank.
+    """
+    final = Path(final_path)
+    tag = str(os.getpid()) if tag is None else tag
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", tag):
+        raise ValueError(f"temp tag {tag!r}: use letters, digits, '_', '.', '-' only")
+    return final.parent / f".{final.name}{TEMP_MARKER}{tag}"
+
+
+def is_temp_name(name: str) -> bool:
+    """True for names ``temp_path_for`` produces (and only those)."""
+    return bool(_TEMP_NAME_RE.match(name))
+
+
+def fsync_directory(directory: str | os.PathLike[str]) -> None:
+    """fsync a directory so the renames and creations inside it are durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_durably(tmp_path: str | os.PathLike[str], final_path: str | os.PathLike[str]) -> Path:
+    """fsync ``tmp_path``, rename it onto ``final_path``, fsync the directory."""
+    tmp, final = Path(tmp_path), Path(final_path)
+    if tmp.parent.resolve() != final.parent.resolve():
+        raise ValueError(f"{tmp} and {final} must be in the same directory for an atomic rename")
+    fsync_file(tmp)
+    os.replace(tmp, final)
+    fsync_directory(final.parent)
+    return final
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Replace ``path`` with ``data`` atomically and durably."""
+    final = Path(path)
+    tmp = temp_path_for(final)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_directory(final.parent)
+    return final
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:
+    """Replace ``path`` with ``obj`` as JSON (strict: no NaN) atomically and durably."""
+    text = json.dumps(obj, indent=1, allow_nan=False, sort_keys=False) + "\n"
+    return write_bytes_atomic(path, text.encode())
+
+
+def sha256_file(path: str | os.PathLike[str], *, chunk_bytes: int = 16 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def copy_file_atomic(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> str:
+    """Copy ``src`` to ``dst`` atomically and durably; returns the sha256 of the bytes copied."""
+    final = Path(dst)
+    tmp = temp_path_for(final)
+    digest = hashlib.sha256()
+    try:
+        with open(src, "rb") as fin, open(tmp, "wb") as fout:
+            while chunk := fin.read(16 << 20):
+                digest.update(chunk)
+                fout.write(chunk)
+            fout.flush()
+            os.fsync(fout.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_directory(final.parent)
+    return digest.hexdigest()
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def commit(tmp_path: str | os.PathLike[str], final_path: str | os.PathLike[str]) -> Path:
+    """Validate a finished temp checkpoint, then fsync + rename + fsync-dir it into place.
+
+    The temp file must pass ``validate_checkpoint`` (exact size for its header) and its header
+    step must match the final ``step_NNNNNN.bin`` name; otherwise ``CheckpointCorruptError``
+    and nothing is renamed. An existing file of the same name is replaced atomically.
+    """
+    header = validate_checkpoint(tmp_path)
+    named_step = parse_checkpoint_step(Path(final_path).name)
+    if named_step is not None and named_step != header.step:
+        raise CheckpointCorruptError(
+            f"{tmp_path}: header step {header.step} cannot be committed as {final_path}"
+        )
+    return replace_durably(tmp_path, final_path)
+
+
+def _iter_source(source: RegionSource, region: str) -> Iterable[np.ndarray]:
+    if isinstance(source, np.ndarray) or hasattr(source, "__array__"):
+        return [as_float32_flat(source, what=region)]
+    return (as_float32_flat(part, what=region) for part in source)
+
+
+def _known_size(source: RegionSource) -> int | None:
+    if isinstance(source, np.ndarray) or hasattr(source, "__array__"):
+        return int(np.asarray(source).size)
+    return None
+
+
+def write_checkpoint(
+    path: str | os.PathLike[str],
+    step: int,
+    weights: RegionSource,
+    adam_m: RegionSource,
+    adam_v: RegionSource,
+    *,
+    layout: ParamLayout | None = None,
+) -> Path:
+    """Write ``step_NNNNNN.bin`` atomically and durably; returns the final path.
+
+    ``weights``, ``adam_m`` and ``adam_v`` are float32 arrays of ``n_params`` elements in the
+    layout's order, or iterables of arrays (one per tensor) written back to back. When a layout
+    is given every region must hold exactly ``layout.n_params`` elements. The bytes go to a
+    temp file beside ``path`` (sequential buffer writes, no copy of contiguous float32 data),
+    which is then committed (fsync, rename, fsync dir). On any error the temp file is removed
+    and an older file at ``path`` is left as it was.
+    """
+    final = Path(path)
+    sizes = {n for s in (weights, adam_m, adam_v) if (n := _known_size(s)) is not None}
+    if len(sizes) > 1:
+        raise ValueError(f"{final}: weights/adam_m/adam_v sizes differ: {sorted(sizes)}")
+    n_known = layout.n_params if layout is not None else next(iter(sizes), None)
+    if n_known is not None:
+        check_header_fits(step, n_known)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path_for(final)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, bytes(HEADER_BYTES))  # patched below once the sizes are counted
+            counts = []
+            for region, source in zip(REGIONS, (weights, adam_m, adam_v), strict=True):
+                counts.append(
+                    sum(write_all(fd, part) for part in _iter_source(source, region)) // 4
+                )
+            if len(set(counts)) != 1 or (n_known is not None and counts[0] != n_known):
+                raise ValueError(
+                    f"{final}: region sizes (weights, adam_m, adam_v) = {counts}, expected "
+                    f"{n_known if n_known is not None else 'equal sizes'}"
+                )
+            os.pwrite(fd, pack_header(step, counts[0]), 0)
+        finally:
+            os.close(fd)
+        return commit(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def clean_stray_temp_files(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """Delete temp files left by killed writers (``.*.tmp-*``); returns what was removed.
+
+    Call it once at start, before any writer of this run directory runs: it cannot tell a
+    stray temp file from one a live writer is filling.
+    """
+    removed: list[Path] = []
+    directory = Path(run_dir)
+    if not directory.is_dir():
+        return removed
+    for entry in directory.iterdir():
+        if is_temp_name(entry.name) and entry.is_file():
+            entry.unlink(missing_ok=True)
+            removed.append(entry)
+            log.info("removed stray temp file %s", entry)
+    return sorted(removed)
+
+
+def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """Every ``step_NNNNNN.bin`` of ``run_dir`` (unvalidated), sorted by step ascending."""
+    directory = Path(run_dir)
+    if not directory.is_dir():
+        return []
+    found = [(parse_checkpoint_step(p.name), p) for p in directory.iterdir()]
+    return [p for step, p in sorted((s, p) for s, p in found if s is not None)]
+
+
+def newest_valid_checkpoint(
+    run_dir: str | os.PathLike[str], layout: ParamLayout | None = None
+) -> Path | None:
+    """The newest checkpoint that validates (against ``layout`` when given), or None if none.
+
+    Walks from the newest file backwards; each invalid file is skipped with a warning naming
+    it and the reason, and the previous one is tried. None means the directory holds no
+    checkpoint at all (a fresh run). When checkpoints exist but *none* is valid this raises
+    ``CheckpointCorruptError`` listing every reason rather than returning None: silently
+    restarting a run from scratch (e.g. after a model change that breaks every file) would
+    overwrite its history.
+    """
+    candidates = list_checkpoints(run_dir)
+    reasons = []
+    for path in reversed(candidates):
+        try:
+            validate_checkpoint(path, layout)
+        except CheckpointCorruptError as exc:
+            reasons.append(str(exc))
+            log.warning("skipping checkpoint %s: %s; falling back to the previous one", path, exc)
+            continue
+        if reasons:
+            log.warning(
+                "resuming from %s after skipping %d invalid newer file(s)", path, len(reasons)
+            )
+        return path
+    if reasons:
+        raise CheckpointCorruptError(
+            f"{run_dir}: none of {len(candidates)} checkpoints is valid: " + "; ".join(reasons)
+        )
+    return None
+
+
+# ----------------------------------------------------------------------------- layout file
+
+
+def write_layout(run_dir: str | os.PathLike[str], layout: ParamLayout) -> Path:
+    """Write ``_layout.json`` (ordered names, shapes, offsets) into ``run_dir`` atomically."""
+    directory = Path(run_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    return write_json_atomic(directory / LAYOUT_FILE, layout.to_dict())
+
+
+def read_layout(path: str | os.PathLike[str]) -> ParamLayout:
+    """The layout in ``path`` (a ``_layout.json`` file, or a run directory holding one)."""
+    file = Path(path)
+    if file.is_dir():
+        file = file / LAYOUT_FILE
+    try:
+        data = json.loads(file.read_text())
+        return ParamLayout.from_dict(data, source=str(file))
+    except FileNotFoundError as exc:
+        raise CheckpointCorruptError(f"{file}: no checkpoint layout file") from exc
+    except (ValueError, AttributeError) as exc:
+        raise CheckpointCorruptError(f"{file}: not a valid checkpoint layout: {exc}") from exc
+
+
+def read_layout_or_none(path: str | os.PathLike[str]) -> ParamLayout | None:
+    """Like ``read_layout`` but None when the file does not exist."""
+    file = Path(path)
+    if (file / LAYOUT_FILE if file.is_dir() else file).exists():
+        return read_layout(file)
+    return None
+
+
+def checkpoint_path(run_dir: str | os.PathLike[str], step: int) -> Path:
+    """``run_dir/step_NNNNNN.bin``."""
+    return Path(run_dir) / checkpoint_filename(step)

@@ -1,0 +1,358 @@
+"""``recd ckpt inspect|diff`` and ``recd fork``: look into, compare and branch checkpoints.
+
+::
+
+    recd ckpt inspect FILE [--layout-from LAYOUT_JSON] [--json]
+    recd ckpt diff A B [--layout-from LAYOUT_JSON] [--json]     exit 0 identical, 1 different
+    recd fork CKPT NEWDIR [--json]
+
+The layout (parameter names and shapes, in the checkpoint's order) comes from
+``--layout-from`` or else from ``_layout.json`` beside the (first) file; without one, only
+whole-region statistics are shown. Statistics (min, max, mean, std, abs-max) are over the
+finite values; NaN and Inf are counted separately. Large files are streamed in chunks from the
+memory map, so memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from recd.checkpoint.atomic import LAYOUT_FILE, read_layout, read_layout_or_none
+from recd.checkpoint.format import REGIONS, Checkpoint, ParamLayout, read_checkpoint
+from recd.checkpoint.sidecars import fork_run
+from recd.errors import CheckpointError
+
+CHUNK_ELEMS = 1 << 22  # 4M float32 = 16 MiB per chunk
+
+
+@dataclass(slots=True)
+class ArrayStats:
+    """Mergeable summary of a float32 range (statistics over the finite values)."""
+
+    count: int = 0
+    finite: int = 0
+    nan: int = 0
+    inf: int = 0
+    min: float = math.inf
+    max: float = -math.inf
+    mean: float = 0.0
+    m2: float = 0.0  # sum of squared deviations from the mean (Chan et al. merge)
+
+    def merge(self, other: ArrayStats) -> None:
+        n = self.finite + other.finite
+        if other.finite:
+            delta = other.mean - self.mean
+            self.mean += delta * other.finite / n
+            self.m2 += other.m2 + delta * delta * self.finite * other.finite / n
+            self.min = min(self.min, other.min)
+            self.max = max(self.max, other.max)
+        self.count += other.count
+        self.finite = n
+        self.nan += other.nan
+        self.inf += other.inf
+
+    def to_dict(self) -> dict[str, Any]:
+        has = self.finite > 0
+        return {
+            "count": self.count,
+            "min": self.min if has else None,
+            "max": self.max if has else None,
+            "mean": self.mean if has else None,
+            "std": math.sqrt(self.m2 / self.finite) if has else None,
+            "abs_max": max(abs(self.min), abs(self.max)) if has else None,
+            "nan": self.nan,
+            "inf": self.inf,
+        }
+
+
+def summarize(array: np.ndarray) -> ArrayStats:
+    """Statistics of a 1-D float32 array, streamed in chunks (float64 accumulation)."""
+    total = ArrayStats()
+    for start in range(0, array.size, CHUNK_ELEMS):
+        chunk = np.asarray(array[start : start + CHUNK_ELEMS], dtype=np.float64)
+        finite_mask = np.isfinite(chunk)
+        values = chunk[finite_mask]
+        nan = int(np.isnan(chunk).sum())
+        part = ArrayStats(count=chunk.size, finite=values.size, nan=nan)
+        part.inf = chunk.size - values.size - nan
+        if values.size:
+            part.min, part.max = float(values.min()), float(values.max())
+            part.mean = float(values.mean())
+            part.m2 = float(np.square(values - part.mean).sum())
+        total.merge(part)
+    return total
+
+
+@dataclass(slots=True)
+class DiffStats:
+    """Mergeable comparison of two equal-length float32 ranges."""
+
+    count: int = 0
+    differing: int = 0
+    """Elements whose 32 bits differ (so -0.0 vs 0.0 differs, identical NaNs do not)."""
+    max_abs_diff: float = 0.0
+    """Largest |a - b| over elements finite in both."""
+    nonfinite_mismatch: int = 0
+    """Elements non-finite in exactly one file, or non-finite in both with different bits."""
+
+    def merge(self, other: DiffStats) -> None:
+        self.count += other.count
+        self.differing += other.differing
+        self.max_abs_diff = max(self.max_abs_diff, other.max_abs_diff)
+        self.nonfinite_mismatch += other.nonfinite_mismatch
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "bitwise_identical": self.differing == 0}
+
+
+def compare(a: np.ndarray, b: np.ndarray) -> DiffStats:
+    """Bitwise and numeric differences of two 1-D float32 arrays, in chunks."""
+    total = DiffStats()
+    for start in range(0, a.size, CHUNK_ELEMS):
+        ca, cb = (
+            np.asarray(a[start : start + CHUNK_ELEMS]),
+            np.asarray(b[start : start + CHUNK_ELEMS]),
+        )
+        differ = ca.view(np.uint32) != cb.view(np.uint32)
+        part = DiffStats(count=ca.size, differing=int(differ.sum()))
+        if part.differing:
+            da, db = ca[differ].astype(np.float64), cb[differ].astype(np.float64)
+            both = np.isfinite(da) & np.isfinite(db)
+            part.nonfinite_mismatch = int((~both).sum())
+            if both.any():
+                part.max_abs_diff = float(np.abs(da[both] - db[both]).max())
+        total.merge(part)
+    return total
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _layout_for(path: Path, layout_from: str | None) -> tuple[ParamLayout | None, str | None]:
+    if layout_from:
+        return read_layout(layout_from), layout_from
+    layout = read_layout_or_none(path.parent)
+    return layout, (str(path.parent / LAYOUT_FILE) if layout is not None else None)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    cells = [header] + [[_fmt(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells)
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _per_tensor(
+    ckpt: Checkpoint, layout: ParamLayout, fn: Any, merge_into: dict[str, Any], other: Any = None
+) -> list[dict[str, Any]]:
+    tensors = []
+    for spec, offset in zip(layout.specs, layout.offsets, strict=True):
+        sl = slice(offset, offset + spec.numel)
+        regions = {}
+        for region in REGIONS:
+            args = (ckpt.region(region)[sl],) + ((other.region(region)[sl],) if other else ())
+            result = fn(*args)
+            merge_into[region].merge(result)
+            regions[region] = result.to_dict()
+        tensors.append(
+            {
+                "name": spec.name,
+                "shape": list(spec.shape),
+                "offset": offset,
+                "numel": spec.numel,
+                "regions": regions,
+            }
+        )
+    return tensors
+
+
+# ----------------------------------------------------------------------------- inspect
+
+
+def inspect_checkpoint(path: str, layout_from: str | None = None) -> dict[str, Any]:
+    """Everything ``recd ckpt inspect`` prints, as a JSON-ready dict."""
+    file = Path(path)
+    layout, layout_source = _layout_for(file, layout_from)
+    ckpt = read_checkpoint(file, layout)
+    regions: dict[str, ArrayStats] = {r: ArrayStats() for r in REGIONS}
+    if layout is not None:
+        tensors = _per_tensor(ckpt, layout, summarize, regions)
+    else:
+        tensors = []
+        for r in REGIONS:
+            regions[r] = summarize(ckpt.region(r))
+    return {
+        "path": str(file),
+        "step": ckpt.step,
+        "n_params": ckpt.n_params,
+        "size_bytes": ckpt.size_bytes,
+        "layout": layout_source,
+        "regions": {r: s.to_dict() for r, s in regions.items()},
+        "tensors": tensors,
+    }
+
+
+_STAT_COLUMNS = ["min", "max", "mean", "std", "abs_max", "nan", "inf"]
+
+
+def _print_inspect(report: dict[str, Any]) -> None:
+    print(f"file      {report['path']}")
+    print(f"step      {report['step']:,}")
+    print(f"n_params  {report['n_params']:,}")
+    print(f"size      {report['size_bytes']:,} bytes (8 + 12 * n_params)")
+    print(f"layout    {report['layout'] or '- (no _layout.json; pass --layout-from)'}")
+    print()
+    rows = [[r] + [s[c] for c in _STAT_COLUMNS] for r, s in report["regions"].items()]
+    print(_table(["region", *_STAT_COLUMNS], rows))
+    if report["tensors"]:
+        print("\ntensors in checkpoint order (elements [start, end) of each region):")
+        rows = []
+        for i, t in enumerate(report["tensors"]):
+            for region, s in t["regions"].items():
+                rows.append(
+                    [
+                        i,
+                        t["name"],
+                        "x".join(map(str, t["shape"])) or "scalar",
+                        f"[{t['offset']}, {t['offset'] + t['numel']})",
+                        region,
+                    ]
+                    + [s[c] for c in _STAT_COLUMNS]
+                )
+        print(_table(["#", "name", "shape", "range", "region", *_STAT_COLUMNS], rows))
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    report = inspect_checkpoint(args.file, args.layout_from)
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        _print_inspect(report)
+    return 0
+
+
+# ----------------------------------------------------------------------------- diff
+
+
+def diff_checkpoints(path_a: str, path_b: str, layout_from: str | None = None) -> dict[str, Any]:
+    """Everything ``recd ckpt diff`` prints, as a JSON-ready dict."""
+    file_a, file_b = Path(path_a), Path(path_b)
+    layout, layout_source = _layout_for(file_a, layout_from)
+    a = read_checkpoint(file_a, layout)
+    b = read_checkpoint(file_b)
+    if a.n_params != b.n_params:
+        raise CheckpointError(
+            f"cannot diff {file_a} ({a.n_params:,} params) and {file_b} ({b.n_params:,} params): "
+            "different models (n_params must be equal)"
+        )
+    regions: dict[str, DiffStats] = {r: DiffStats() for r in REGIONS}
+    if layout is not None:
+        tensors = _per_tensor(a, layout, compare, regions, other=b)
+    else:
+        tensors = []
+        for r in REGIONS:
+            regions[r] = compare(a.region(r), b.region(r))
+    identical = a.step == b.step and all(s.differing == 0 for s in regions.values())
+    return {
+        "a": str(file_a),
+        "b": str(file_b),
+        "step_a": a.step,
+        "step_b": b.step,
+        "n_params": a.n_params,
+        "layout": layout_source,
+        "bitwise_identical": identical,
+        "regions": {r: s.to_dict() for r, s in regions.items()},
+        "tensors": tensors,
+    }
+
+
+_DIFF_COLUMNS = ["max_abs_diff", "differing", "nonfinite_mismatch", "bitwise_identical"]
+
+
+def _print_diff(report: dict[str, Any]) -> None:
+    print(f"a         {report['a']} (step {report['step_a']:,})")
+    print(f"b         {report['b']} (step {report['step_b']:,})")
+    print(f"n_params  {report['n_params']:,}")
+    print(f"layout    {report['layout'] or '-'}")
+    print()
+    rows = [[r] + [_yes(s[c]) for c in _DIFF_COLUMNS] for r, s in report["regions"].items()]
+    print(_table(["region", *_DIFF_COLUMNS], rows))
+    if report["tensors"]:
+        print("\ntensors in checkpoint order:")
+        rows = [
+            [i, t["name"], region] + [_yes(s[c]) for c in _DIFF_COLUMNS]
+            for i, t in enumerate(report["tensors"])
+            for region, s in t["regions"].items()
+        ]
+        print(_table(["#", "name", "region", *_DIFF_COLUMNS], rows))
+    print(f"\nbitwise identical (header and all regions): {_yes(report['bitwise_identical'])}")
+
+
+def _yes(value: Any) -> Any:
+    return ("yes" if value else "no") if isinstance(value, bool) else value
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    report = diff_checkpoints(args.a, args.b, args.layout_from)
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        _print_diff(report)
+    return 0 if report["bitwise_identical"] else 1
+
+
+# ----------------------------------------------------------------------------- fork
+
+
+def run_fork(args: argparse.Namespace) -> int:
+    result = fork_run(args.checkpoint, args.new_dir)
+    if args.json:
+        print(
+            json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in asdict(result).items()})
+        )
+    else:
+        print(f"forked {result.source} (step {result.step:,}, sha256 {result.sha256[:16]}...)")
+        print(f"    -> {result.checkpoint}")
+        print(
+            f"new run directory {result.run_dir}: fresh .state.json and .loss.json with the origin"
+        )
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    ckpt = sub.add_parser("ckpt", help="inspect and compare step_NNNNNN.bin checkpoints")
+    verbs = ckpt.add_subparsers(dest="ckpt_command", metavar="VERB", required=True)
+
+    inspect = verbs.add_parser("inspect", help="header, size and per-region/per-tensor statistics")
+    inspect.add_argument("file", help="a step_NNNNNN.bin checkpoint")
+    inspect.add_argument("--layout-from", metavar="LAYOUT_JSON", help="a _layout.json to use")
+    inspect.add_argument("--json", action="store_true", help="machine-readable output")
+    inspect.set_defaults(func=run_inspect)
+
+    diff = verbs.add_parser("diff", help="compare two checkpoints (exit 0 identical, 1 different)")
+    diff.add_argument("a", help="first checkpoint")
+    diff.add_argument("b", help="second checkpoint (same n_params)")
+    diff.add_argument("--layout-from", metavar="LAYOUT_JSON", help="a _layout.json to use")
+    diff.add_argument("--json", action="store_true", help="machine-readable output")
+    diff.set_defaults(func=run_diff)
+
+    fork = sub.add_parser("fork", help="start a new run directory from one checkpoint (audit fork)")
+    fork.add_argument("checkpoint", help="the step_NNNNNN.bin to branch from")
+    fork.add_argument("new_dir", help="new run directory (must not exist or be empty)")
+    fork.add_argument("--json", action="store_true", help="machine-readable output")
+    fork.set_defaults(func=run_fork)
