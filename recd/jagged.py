@@ -1,0 +1,310 @@
+"""Jagged columns and exact duplicate-row detection, in numpy (no torch).
+
+A ``list<int64>`` Arrow column is read zero-copy as its offsets (B + 1) and flat values
+(:class:`JaggedColumn`). :func:`find_distinct_rows` finds exact duplicate rows anywhere in a
+batch (A-B-A too, not only adjacent rows) over one column or a group of columns:
+
+
+1. compare each row with the previous one exactly (one vectorised pass over the ids): rows
+   equal to their predecessor in every feature of the group join its run;
+2. hash the first row of each run in every feature (a splitmix64 mix of each id with its
+   position, summed per row with a cumulative sum, then mixed with the row length) and
+   combine the features' hashes into one 64-bit key per row;
+3. bucket run heads by key (``np.unique``); the first head of a bucket is its candidate
+   representative;
+4. confirm every head against its representative *exactly* (lengths and ids of every
+   feature); heads that differ (hash collisions) are grouped by an exact lexicographic
+   ``np.unique`` over their padded contents, so a collision can never merge different rows;
+5. distinct rows are the representatives in order of first occurrence, and
+   ``inverse_lookup[i]`` is the position of row i's representative.
+
+A row joins an entry only if every feature of its group matches, which keeps the group's
+shared ``inverse_lookup`` valid for all of its keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple, TypeAlias
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from recd.errors import SchemaError
+
+_INT64_MAX = np.iinfo(np.int64).max
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_POSITION_STEP = np.uint64(0xD6E8FEB86659FD93)
+_FEATURE_STEP = np.uint64(0xA0761D6478BD642F)
+
+RecordBatchLike: TypeAlias = pa.RecordBatch | pa.Table
+
+
+class JaggedColumn(NamedTuple):
+    """One sparse feature of a batch: row i holds ``values[offsets[i]:offsets[i + 1]]``."""
+
+    offsets: np.ndarray
+    """(B + 1,) int64, non-decreasing, indexing into ``values``."""
+    values: np.ndarray
+    """int64 ids (may extend beyond the rows' range)."""
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+
+# ---------------------------------------------------------------------- Arrow -> numpy
+def _column(batch: RecordBatchLike, name: str, *, source: str, expected: str) -> pa.Array:
+    idx = batch.schema.get_field_index(name)
+    if idx < 0:
+        raise SchemaError(f"{source}: missing column {name!r} (expected {expected})")
+    col = batch.column(idx)
+    if isinstance(col, pa.ChunkedArray):
+        if col.num_chunks == 1:
+            return col.chunk(0)
+        if col.num_chunks == 0:
+            return pa.array([], type=col.type)
+        return col.combine_chunks()
+    return col
+
+
+def _first_null_row(arr: pa.Array) -> int:
+    return int(np.flatnonzero(pc.is_null(arr).to_numpy(zero_copy_only=False))[0])
+
+
+def read_list_column(
+    batch: RecordBatchLike, name: str, *, source: str, row_offset: int = 0
+) -> JaggedColumn:
+    """A ``list<int64>`` column as zero-copy numpy offsets (rebased to 0) and values.
+
+    Raises SchemaError naming ``source``, the column and the row (``row_offset`` + index in
+    the batch) for a missing column, a wrong type, a null list, a null id or an id outside
+    int64. Narrower integer id types are widened to int64.
+    """
+    col = _column(batch, name, source=source, expected="list<int64>")
+    if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
+        raise SchemaError(f"{source}: column {name!r} has type {col.type}, expected list<int64>")
+    if col.null_count:
+        row = row_offset + _first_null_row(col)
+        raise SchemaError(
+            f"{source}: column {name!r}: row {row}: null list (expected a list of ids, maybe empty)"
+        )
+    offsets = col.offsets.to_numpy().astype(np.int64, copy=False)
+    start = int(offsets[0])
+    if start:
+        offsets = offsets - start
+    child = col.values.slice(start, int(offsets[-1]))
+    value_type = child.type
+    if not pa.types.is_integer(value_type):
+        raise SchemaError(
+            f"{source}: column {name!r} has type {col.type}, expected list<int64> "
+            f"(ids must be integers)"
+        )
+
+    def row_of(position: int) -> int:
+        return row_offset + int(np.searchsorted(offsets, position, side="right")) - 1
+
+    if child.null_count:
+        row = row_of(_first_null_row(child))
+        raise SchemaError(f"{source}: column {name!r}: row {row}: null id inside the list")
+    if value_type == pa.int64():
+        values = child.to_numpy(zero_copy_only=True)
+    else:
+        raw = child.to_numpy(zero_copy_only=False)
+        if value_type == pa.uint64() and raw.size and int(raw.max()) > _INT64_MAX:
+            position = int(np.flatnonzero(raw > np.uint64(_INT64_MAX))[0])
+            raise SchemaError(
+                f"{source}: column {name!r}: row {row_of(position)}: id {int(raw[position])} "
+                f"is outside the int64 range"
+            )
+        values = raw.astype(np.int64)
+    return JaggedColumn(offsets=offsets, values=values)
+
+
+# ---------------------------------------------------------------------- dedup kernel
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser, elementwise on uint64 (wrapping arithmetic); returns a new array."""
+    z = x + _GOLDEN
+    z ^= z >> np.uint64(30)
+    z *= _MIX1
+    z ^= z >> np.uint64(27)
+    z *= _MIX2
+    z ^= z >> np.uint64(31)
+    return z
+
+
+def _row_hashes(column: JaggedColumn) -> np.ndarray:
+    """(B,) uint64 hash of each row's ids (order-sensitive) and length.
+
+    Each id is scrambled (multiply, xor-shift, multiply); a row's hash mixes its length, the
+    sum of its scrambled ids and their sum weighted by position (L, L - 1, ..., 1), both
+    read off two running sums over the whole column. uint64 arithmetic wraps, so differences
+    of running sums are exact. Quality only affects speed: matches are always confirmed.
+    """
+    offsets, values = column
+    start, end = int(offsets[0]), int(offsets[-1])
+    n = end - start
+    ids = np.ascontiguousarray(values[start:end], dtype=np.int64).view(np.uint64)
+    element = ids * _MIX1
+    element ^= element >> np.uint64(29)
+    element *= _MIX2
+    prefix = np.zeros(n + 1, dtype=np.uint64)  # prefix[k] = sum(element[:k])
+    np.cumsum(element, out=prefix[1:])
+    prefix2 = np.zeros(n + 2, dtype=np.uint64)  # prefix2[k] = sum(prefix[:k])
+    np.cumsum(prefix, out=prefix2[1:])
+    lo, hi = offsets[:-1] - start, offsets[1:] - start
+    lengths = (hi - lo).astype(np.uint64)
+    row_sum = prefix[hi] - prefix[lo]
+    weighted = prefix2[hi + 1] - prefix2[lo + 1] - lengths * prefix[lo]
+    return _mix64(_mix64(row_sum ^ lengths * _POSITION_STEP) + weighted)
+
+
+def _group_hashes(columns: Sequence[JaggedColumn], batch_size: int) -> np.ndarray:
+    key = _row_hashes(columns[0])
+    for column in columns[1:]:
+        key = _mix64(key * _FEATURE_STEP ^ _row_hashes(column))
+    return key
+
+
+def _segment_positions(lengths: np.ndarray) -> np.ndarray:
+    """For segments of the given lengths laid end to end: each element's index in its segment."""
+    total = int(lengths.sum())
+    starts = np.cumsum(lengths) - lengths
+    return np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
+
+
+def _rows_differ(columns: Sequence[JaggedColumn], rows: np.ndarray, reps: np.ndarray) -> np.ndarray:
+    """(len(rows),) bool: row ``rows[j]`` differs from row ``reps[j]`` in some feature."""
+    differ = np.zeros(rows.size, dtype=bool)
+    for offsets, values in columns:
+        len_row = offsets[rows + 1] - offsets[rows]
+        len_rep = offsets[reps + 1] - offsets[reps]
+        differ |= len_row != len_rep
+        same = np.flatnonzero(~differ)
+        lengths = len_row[same]
+        position = _segment_positions(lengths)
+        a = values[np.repeat(offsets[rows[same]], lengths) + position]
+        b = values[np.repeat(offsets[reps[same]], lengths) + position]
+        mismatch = np.flatnonzero(a != b)
+        if mismatch.size:
+            owner = np.repeat(same, lengths)
+            differ[owner[mismatch]] = True
+    return differ
+
+
+def _exact_first_occurrence(columns: Sequence[JaggedColumn], rows: np.ndarray) -> np.ndarray:
+    """For each of ``rows`` (ascending): the first of ``rows`` with identical content.
+
+    Exact and hash-free: one lexicographic ``np.unique`` over [length, ids..., 0-padding] of
+    every feature. Used only for rows whose hash collided, so the padding stays small.
+    """
+    blocks: list[np.ndarray] = []
+    for offsets, values in columns:
+        lengths = offsets[rows + 1] - offsets[rows]
+        width = int(lengths.max()) if rows.size else 0
+        block = np.zeros((rows.size, width + 1), dtype=np.int64)
+        block[:, 0] = lengths
+        position = _segment_positions(lengths)
+        owner = np.repeat(np.arange(rows.size), lengths)
+        block[owner, 1 + position] = values[np.repeat(offsets[rows], lengths) + position]
+        blocks.append(block)
+    keys = np.concatenate(blocks, axis=1)
+    _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    return rows[first[inverse.reshape(-1)]]
+
+
+def _same_as_previous(column: JaggedColumn) -> np.ndarray:
+    """(B,) bool: row i holds exactly the ids of row i - 1 (row 0: False).
+
+    One pass over the ids: each id is compared with the id one row-length earlier, which for a
+    row as long as its predecessor is the same position in the previous row.
+    """
+    offsets, values = column
+    lengths = np.diff(offsets)
+    same = np.zeros(lengths.size, dtype=bool)
+    candidates = np.flatnonzero(lengths[1:] == lengths[:-1]) + 1
+    if candidates.size == 0:
+        return same
+    start, end = int(offsets[0]), int(offsets[-1])
+    ids = values[start:end]
+    earlier = np.repeat(lengths, lengths)
+    # Negative (wrapping to the end) only in row 0, which is never a candidate.
+    np.subtract(np.arange(end - start, dtype=np.int64), earlier, out=earlier)
+    mismatch = np.zeros(end - start + 1, dtype=np.int64)
+    np.cumsum(ids != np.take(ids, earlier), out=mismatch[1:])
+    rel = offsets - start
+    same[candidates] = mismatch[rel[candidates + 1]] == mismatch[rel[candidates]]
+    return same
+
+
+def take_rows(column: JaggedColumn, rows: np.ndarray) -> JaggedColumn:
+    """A compact column of just ``rows`` (offsets from 0, ids copied)."""
+    offsets = np.zeros(rows.size + 1, dtype=np.int64)
+    np.cumsum(column.offsets[rows + 1] - column.offsets[rows], out=offsets[1:])
+    return JaggedColumn(offsets=offsets, values=gather_rows(column, rows))
+
+
+def _distinct_by_hash(columns: Sequence[JaggedColumn], n_rows: int) -> np.ndarray:
+    """(n_rows,) int64: for each row, the first row with exactly the same ids in every column."""
+    keys = _group_hashes(columns, n_rows)
+    order = np.argsort(keys, kind="stable")  # equal keys keep row order: first row leads
+    sorted_keys = keys[order]
+    starts = np.ones(n_rows, dtype=bool)
+    np.not_equal(sorted_keys[1:], sorted_keys[:-1], out=starts[1:])
+    leader = order[np.flatnonzero(starts)]  # first row of each bucket
+    rep = np.empty(n_rows, dtype=np.int64)
+    rep[order] = leader[np.cumsum(starts) - 1]
+    candidates = np.flatnonzero(rep != np.arange(n_rows))
+    if candidates.size:
+        collided = candidates[_rows_differ(columns, candidates, rep[candidates])]
+        if collided.size:
+            rep[collided] = _exact_first_occurrence(columns, collided)
+    return rep
+
+
+def find_distinct_rows(
+    columns: Sequence[JaggedColumn], *, batch_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact dedup of the rows of a group of features.
+
+    Returns ``(distinct, inverse)``: ``distinct`` (D,) int64 holds the first row of each
+    distinct content in increasing order, and ``inverse`` (B,) int64 maps each row to its
+    position in ``distinct``. Rows i and j share an entry iff every column holds exactly the
+    same ids for i and j.
+
+    Runs of identical adjacent rows (the common case in a session-clustered table) are found
+    first by a direct comparison; only the first row of each run is then hashed and
+    confirmed, which finds the remaining (A-B-A) duplicates anywhere in the batch. The first
+    occurrence of any content is always the head of a run, so representatives stay the first
+    occurrences.
+    """
+    if batch_size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    repeats = np.ones(batch_size, dtype=bool)
+    for column in columns:
+        repeats &= _same_as_previous(column)
+    if repeats.any():
+        heads = np.flatnonzero(~repeats)
+        rep_head = _distinct_by_hash([take_rows(c, heads) for c in columns], heads.size)
+        head_of_row = np.cumsum(~repeats) - 1
+        rep = heads[rep_head[head_of_row]]
+    else:
+        rep = _distinct_by_hash(columns, batch_size)
+    # rep[i] <= i is the first row with row i's content, so the distinct rows are the rows
+    # that represent themselves, already in order of first occurrence.
+    is_first = rep == np.arange(batch_size)
+    position = np.cumsum(is_first) - 1
+    return np.flatnonzero(is_first), position[rep]
+
+
+def gather_rows(
+    column: JaggedColumn, rows: np.ndarray, *, out: np.ndarray | None = None
+) -> np.ndarray:
+    """Ids of ``rows`` of a column, concatenated: (sum of their lengths,) int64 (into ``out``)."""
+    offsets, values = column
+    lengths = offsets[rows + 1] - offsets[rows]
+    index = np.repeat(offsets[rows], lengths) + _segment_positions(lengths)
+    return np.take(values, index, out=out)
