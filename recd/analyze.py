@@ -1,0 +1,469 @@
+"""Per-feature dedup analysis of a table: the RecD analytic model, measured, and a proposal.
+
+For each sparse feature f of a table (committed partitions only):
+
+* S    mean samples per session (rows / sessions; a session cut by an hourly partition
+       boundary counts once per partition, as a reader sees it);
+* d(f) fraction of adjacent row pairs of a session whose value of f is unchanged;
+* l(f) mean length (ids per row).
+
+These give the spec's analytic model at batch size B::
+
+    DedupeLen(f)    = B * l(f) * (1/S + (1 - 1/S) * (1 - d(f)))
+    DedupeFactor(f) = B * l(f) / DedupeLen(f)
+
+and, next to it, the measured DedupeFactor: total ids / ids left after deduplicating exact
+duplicate rows inside each batch of B consecutive rows in table order (the reader's own dedup,
+``recd.convert.find_distinct_rows``, one batch at a time).
+
+S, d and l are properties of sessions, so they are measured in (session_id, ts) order: a
+clustered table (O2) already is in that order inside each partition; an unclustered one is
+sorted in memory per partition (and reported as not clustered), while its measured factor
+stays that of the stored order, i.e. what a reader of that table gets.
+
+Proposal: features whose DedupeFactor (measured) exceeds ``threshold`` are deduplicated;
+synchronised features are grouped to share one inverse lookup. Two features are synchronised
+when the catalogue puts them in one ``group``, or when their change points coincide on at
+least ``sync_threshold`` of the adjacent within-session row pairs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from recd.errors import ConfigError, SchemaError
+from recd.etl.commit import committed_partition_dirs
+from recd.etl.partitions import parse_time_ms
+from recd.jagged import JaggedColumn, find_distinct_rows, read_list_column
+from recd.schema import CATALOGUE_METADATA_KEY, SESSION_ID, TS, Catalogue, catalogue_from_schema
+
+DEFAULT_BATCH_SIZE = 512
+DEFAULT_THRESHOLD = 1.5
+DEFAULT_SYNC_THRESHOLD = 0.99
+
+
+def dedupe_len(
+    *, batch_size: int, mean_length: float, samples_per_session: float, unchanged: float
+) -> float:
+    """Analytic ids per batch after dedup: B * l * (1/S + (1 - 1/S) * (1 - d)).
+
+    Evaluated as B * l * (1 + (S - 1) * (1 - d)) / S (the same value, fewer roundings: the
+    paper's example B = S = 3, l = 3, d = 0.5 gives exactly 6.0).
+    """
+    s = samples_per_session
+    return batch_size * mean_length * (1.0 + (s - 1.0) * (1.0 - unchanged)) / s
+
+
+def dedupe_factor(
+    *, batch_size: int, mean_length: float, samples_per_session: float, unchanged: float
+) -> float:
+    """Analytic B * l / DedupeLen (1.0 for a feature with no ids)."""
+    length = dedupe_len(
+        batch_size=batch_size,
+        mean_length=mean_length,
+        samples_per_session=samples_per_session,
+        unchanged=unchanged,
+    )
+    return batch_size * mean_length / length if length > 0 else 1.0
+
+
+@dataclass(kw_only=True, slots=True)
+class FeatureAnalysis:
+    """The model inputs and dedup factors of one sparse feature."""
+
+    name: str
+    mean_length: float
+    """l(f): ids per row."""
+    unchanged: float
+    """d(f): fraction of adjacent within-session pairs with the same value."""
+    dedupe_len: float
+    """Analytic ids per batch after dedup."""
+    dedupe_factor: float
+    """Analytic B * l / DedupeLen."""
+    measured_factor: float
+    """Ids / ids after exact dedup inside batches of B consecutive rows."""
+    values: int
+    """Ids in the table."""
+    values_after_dedup: int
+    """Ids left after the per-batch dedup."""
+    catalogue_group: str | None = None
+    """The feature's synchronised group in the catalogue, if any."""
+
+
+@dataclass(kw_only=True, slots=True)
+class GroupProposal:
+    """One proposed entry of ``dedup_sparse_features``."""
+
+    features: list[str]
+    source: str
+    """Why the features are together: "single", "catalogue", "data" or "catalogue+data"."""
+    measured_factor: float
+    """Measured factor of the group deduplicated as one (shared inverse lookup)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class SyncPair:
+    """Two features whose change points (adjacent within-session pairs) coincide."""
+
+    features: list[str]
+    coincidence: float
+    """Share of the adjacent within-session pairs where both change or neither does."""
+    joint_changes: float
+    """Of the pairs where either changes, the share where both do (information only: two
+    features that rarely change coincide on most pairs even when independent)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class TableAnalysis:
+    """Everything ``recd analyze`` reports about one table."""
+
+    table: str
+    batch_size: int
+    threshold: float
+    sync_threshold: float
+    rows: int
+    sessions: int
+    samples_per_session: float
+    """S: rows / sessions."""
+    clustered: bool
+    """Every partition stores each session contiguously, in ts order."""
+    features: list[FeatureAnalysis]
+    groups: list[GroupProposal]
+    synchronised_pairs: list[SyncPair] = field(default_factory=list)
+    """Feature pairs whose change points coincide on >= sync_threshold of the pairs."""
+
+    @property
+    def dedup_sparse_features(self) -> list[list[str]]:
+        """The proposal, ready for ``ReaderConfig.dedup_sparse_features``."""
+        return [list(g.features) for g in self.groups]
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["dedup_sparse_features"] = self.dedup_sparse_features
+        return out
+
+
+# ---------------------------------------------------------------------- vectorised kernels
+def adjacent_unchanged(column: JaggedColumn) -> np.ndarray:
+    """(N - 1,) bool: row i + 1 holds exactly the same ids as row i."""
+    offsets, values = column
+    lengths = np.diff(offsets)
+    same = lengths[1:] == lengths[:-1]
+    rows = np.flatnonzero(same)  # pair i compares row i and row i + 1
+    n = lengths[rows]
+    starts = np.repeat(offsets[rows], n)
+    position = np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+    mismatch = values[starts + position] != values[starts + position + np.repeat(n, n)]
+    bad_pairs = rows[np.repeat(np.arange(rows.size), n)[mismatch]]
+    same[bad_pairs] = False
+    return same
+
+
+def session_breaks(session_ids: np.ndarray) -> np.ndarray:
+    """(N - 1,) bool: rows i and i + 1 belong to different sessions."""
+    return session_ids[1:] != session_ids[:-1]
+
+
+def is_clustered(session_ids: np.ndarray, ts: np.ndarray) -> bool:
+    """Each session is one contiguous run of rows, with non-decreasing ts inside it."""
+    if len(session_ids) < 2:
+        return True
+    breaks = session_breaks(session_ids)
+    if int(breaks.sum()) + 1 != len(np.unique(session_ids)):
+        return False
+    return bool(np.all((ts[1:] >= ts[:-1]) | breaks))
+
+
+def dedup_values(column: JaggedColumn, *, batch_size: int) -> int:
+    """Ids left after exact dedup of the rows of each batch of ``batch_size`` consecutive rows."""
+    return dedup_group_values([column], batch_size=batch_size)
+
+
+def dedup_group_values(columns: list[JaggedColumn], *, batch_size: int) -> int:
+    """Like :func:`dedup_values` for a group deduplicated as one (rows match on every column)."""
+    rows = len(columns[0].offsets) - 1
+    lengths = np.stack([np.diff(c.offsets) for c in columns]).sum(axis=0)
+    kept = 0
+    for start in range(0, rows, batch_size):  # one batch per iteration, vectorised inside
+        stop = min(start + batch_size, rows)
+        batch = [JaggedColumn(c.offsets[start : stop + 1], c.values) for c in columns]
+        distinct, _ = find_distinct_rows(batch, batch_size=stop - start)
+        kept += int(lengths[start + distinct].sum())
+    return kept
+
+
+# ---------------------------------------------------------------------- table scan
+@dataclass(slots=True)
+class _Totals:
+    rows: int = 0
+    sessions: int = 0
+    pairs: int = 0
+    clustered: bool = True
+    values: dict[str, int] = field(default_factory=dict)
+    deduped: dict[str, int] = field(default_factory=dict)
+    unchanged: dict[str, int] = field(default_factory=dict)
+    coincide: dict[tuple[str, str], int] = field(default_factory=dict)
+    either: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def add(self, bucket: dict[Any, int], key: Any, n: int) -> None:
+        bucket[key] = bucket.get(key, 0) + n
+
+
+def _iter_partitions(
+    table: Path, columns: list[str], *, start: str | None, end: str | None
+) -> Iterator[tuple[str, pa.Table]]:
+    start_ms = parse_time_ms(start, field="start") if start else None
+    end_ms = parse_time_ms(end, field="end") if end else None
+    for partition, directory in committed_partition_dirs(table, start_ms=start_ms, end_ms=end_ms):
+        files = sorted(p for p in directory.glob("*.parquet") if not p.name.startswith(("_", ".")))
+        parts = []
+        for path in files:
+            schema = pq.read_schema(path)
+            missing = [c for c in columns if schema.get_field_index(c) < 0]
+            if missing:
+                raise SchemaError(f"{path}: missing column {missing[0]!r}")
+            parts.append(pq.read_table(path, columns=columns))
+        if parts:
+            yield str(partition), pa.concat_tables(parts).combine_chunks()
+
+
+def _read_catalogue(table: Path) -> Catalogue | None:
+    for _, directory in committed_partition_dirs(table):
+        for path in sorted(directory.glob("*.parquet")):
+            if not path.name.startswith(("_", ".")):
+                schema = pq.read_schema(path)
+                if schema.metadata and CATALOGUE_METADATA_KEY in schema.metadata:
+                    return catalogue_from_schema(schema, source=str(path))
+                return None
+    return None
+
+
+def analyze_table(
+    table: str | Path,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    threshold: float = DEFAULT_THRESHOLD,
+    sync_threshold: float = DEFAULT_SYNC_THRESHOLD,
+    features: list[str] | None = None,
+    start: str | None = None,
+    end: str | None = None,
+) -> TableAnalysis:
+    """Measure S, d(f), l(f) and the dedup factors of ``table``; propose dedup groups."""
+    if batch_size < 1:
+        raise ConfigError(f"analyze: batch_size must be >= 1, got {batch_size}")
+    if not 0.0 < sync_threshold <= 1.0:
+        raise ConfigError(f"analyze: sync_threshold must be in (0, 1], got {sync_threshold}")
+    root = Path(table)
+    if not root.is_dir():
+        raise ConfigError(f"analyze: table {root} is not a directory")
+    catalogue = _read_catalogue(root)
+    if features is None:
+        if catalogue is None:
+            raise SchemaError(
+                f"{root}: no recd catalogue in the table; list the features to analyze"
+            )
+        features = catalogue.sparse_names
+    totals = _Totals()
+    for name, part in _iter_partitions(root, [SESSION_ID, TS, *features], start=start, end=end):
+        _scan_partition(
+            part, features, batch_size=batch_size, totals=totals, source=f"{root}/{name}"
+        )
+    if totals.rows == 0:
+        raise ConfigError(f"analyze: {root} has no committed rows in the window")
+    return _summarise(
+        root, catalogue, features, totals, batch_size, threshold, sync_threshold, start, end
+    )
+
+
+def _scan_partition(
+    part: pa.Table, features: list[str], *, batch_size: int, totals: _Totals, source: str
+) -> None:
+    sessions = part.column(SESSION_ID).to_numpy()
+    ts = part.column(TS).to_numpy()
+    stored = {f: read_list_column(part, f, source=source) for f in features}
+    for f, col in stored.items():  # measured factor: the stored order, as a reader reads it
+        totals.add(totals.values, f, int(col.offsets[-1] - col.offsets[0]))
+        totals.add(totals.deduped, f, dedup_values(col, batch_size=batch_size))
+    clustered = is_clustered(sessions, ts)
+    totals.clustered &= clustered
+    if not clustered:  # S, d, l are session properties: measure them in (session, ts) order
+        order = np.lexsort((ts, sessions))
+        part = part.take(pa.array(order))
+        sessions = sessions[order]
+        stored = {f: read_list_column(part, f, source=source) for f in features}
+    inside = ~session_breaks(sessions)
+    totals.rows += len(sessions)
+    totals.sessions += int((~inside).sum()) + 1 if len(sessions) else 0
+    totals.pairs += int(inside.sum())
+    changes = {f: ~adjacent_unchanged(col) & inside for f, col in stored.items()}
+    for f in features:
+        totals.add(totals.unchanged, f, int((inside & ~changes[f]).sum()))
+    for i, f in enumerate(features):
+        for g in features[i + 1 :]:
+            agree = int((inside & (changes[f] == changes[g])).sum())
+            totals.add(totals.coincide, (f, g), agree)
+            totals.add(totals.either, (f, g), int((changes[f] | changes[g]).sum()))
+
+
+def _summarise(
+    root: Path,
+    catalogue: Catalogue | None,
+    features: list[str],
+    totals: _Totals,
+    batch_size: int,
+    threshold: float,
+    sync_threshold: float,
+    start: str | None,
+    end: str | None,
+) -> TableAnalysis:
+    s = totals.rows / totals.sessions
+    cat_group = {f.name: f.group for f in catalogue.sparse} if catalogue is not None else {}
+    rows: list[FeatureAnalysis] = []
+    for f in features:
+        length = totals.values[f] / totals.rows
+        d = totals.unchanged[f] / totals.pairs if totals.pairs else 1.0
+        rows.append(
+            FeatureAnalysis(
+                name=f,
+                mean_length=length,
+                unchanged=d,
+                dedupe_len=dedupe_len(
+                    batch_size=batch_size, mean_length=length, samples_per_session=s, unchanged=d
+                ),
+                dedupe_factor=dedupe_factor(
+                    batch_size=batch_size, mean_length=length, samples_per_session=s, unchanged=d
+                ),
+                measured_factor=totals.values[f] / totals.deduped[f] if totals.deduped[f] else 1.0,
+                values=totals.values[f],
+                values_after_dedup=totals.deduped[f],
+                catalogue_group=cat_group.get(f),
+            )
+        )
+    pairs = [
+        SyncPair(
+            features=[f, g],
+            coincidence=n / totals.pairs if totals.pairs else 1.0,
+            joint_changes=(n - (totals.pairs - totals.either[f, g])) / totals.either[f, g]
+            if totals.either[f, g]
+            else 1.0,
+        )
+        for (f, g), n in totals.coincide.items()
+    ]
+    synced = [p for p in pairs if p.coincidence >= sync_threshold]
+    candidates = [r.name for r in rows if r.measured_factor > threshold]
+    groups = propose_groups(candidates, cat_group, [(p.features[0], p.features[1]) for p in synced])
+    proposals = [
+        GroupProposal(
+            features=group,
+            source=source,
+            measured_factor=_group_factor(root, group, batch_size, start, end)
+            if len(group) > 1
+            else next(r.measured_factor for r in rows if r.name == group[0]),
+        )
+        for group, source in groups
+    ]
+    return TableAnalysis(
+        table=str(root),
+        batch_size=batch_size,
+        threshold=threshold,
+        sync_threshold=sync_threshold,
+        rows=totals.rows,
+        sessions=totals.sessions,
+        samples_per_session=s,
+        clustered=totals.clustered,
+        features=rows,
+        groups=proposals,
+        synchronised_pairs=synced,
+    )
+
+
+def propose_groups(
+    candidates: list[str],
+    catalogue_groups: dict[str, str | None],
+    synchronised: list[tuple[str, str]],
+) -> list[tuple[list[str], str]]:
+    """Group ``candidates`` (in order): union of catalogue groups and synchronised pairs.
+
+    Returns (features, source) per group; source says which evidence joined them.
+    """
+    parent = {f: f for f in candidates}
+
+    def find(f: str) -> str:
+        while parent[f] != f:
+            parent[f] = parent[parent[f]]
+            f = parent[f]
+        return f
+
+    def union(a: str, b: str) -> None:
+        parent[find(b)] = find(a)
+
+    by_catalogue: dict[str, list[str]] = {}
+    for f in candidates:
+        if catalogue_groups.get(f):
+            by_catalogue.setdefault(str(catalogue_groups[f]), []).append(f)
+    cat_edges = {
+        (a, b) for members in by_catalogue.values() for a in members for b in members if a < b
+    }
+    data_edges = {tuple(sorted(p)) for p in synchronised if p[0] in parent and p[1] in parent}
+    for a, b in cat_edges | data_edges:
+        union(a, b)
+    out: dict[str, list[str]] = {}
+    for f in candidates:
+        out.setdefault(find(f), []).append(f)
+    result = []
+    for members in out.values():
+        if len(members) == 1:
+            result.append((members, "single"))
+            continue
+        inside = {(a, b) for a in members for b in members if a < b}
+        has_cat, has_data = bool(inside & cat_edges), bool(inside & data_edges)
+        source = "catalogue+data" if has_cat and has_data else "catalogue" if has_cat else "data"
+        result.append((members, source))
+    return result
+
+
+def _group_factor(
+    root: Path, group: list[str], batch_size: int, start: str | None, end: str | None
+) -> float:
+    values = kept = 0
+    for name, part in _iter_partitions(root, group, start=start, end=end):
+        cols = [read_list_column(part, f, source=f"{root}/{name}") for f in group]
+        values += sum(int(c.offsets[-1] - c.offsets[0]) for c in cols)
+        kept += dedup_group_values(cols, batch_size=batch_size)
+    return values / kept if kept else 1.0
+
+
+# ---------------------------------------------------------------------- reports
+def format_report(analysis: TableAnalysis) -> str:
+    """A readable table plus the proposal in TOML syntax."""
+    a = analysis
+    lines = [
+        f"table {a.table}: {a.rows} rows, {a.sessions} sessions, S = {a.samples_per_session:.2f}, "
+        f"B = {a.batch_size}, {'clustered' if a.clustered else 'NOT clustered (d measured after sorting)'}",
+        "",
+        f"{'feature':<24} {'l':>7} {'d':>6} {'DedupeLen':>10} {'factor':>7} {'measured':>8}  dedup",
+    ]
+    chosen = {f for g in a.groups for f in g.features}
+    for r in a.features:
+        mark = "yes" if r.name in chosen else "-"
+        lines.append(
+            f"{r.name:<24} {r.mean_length:>7.2f} {r.unchanged:>6.3f} {r.dedupe_len:>10.1f} "
+            f"{r.dedupe_factor:>7.2f} {r.measured_factor:>8.2f}  {mark}"
+        )
+    lines.append("")
+    for g in a.groups:
+        lines.append(f"group {g.features} ({g.source}): measured factor {g.measured_factor:.2f}")
+    lines.append(f"dedup_sparse_features = {json.dumps(a.dedup_sparse_features)}")
+    return "\n".join(lines)
+
+
+def write_json(analysis: TableAnalysis, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(analysis.to_dict(), indent=1) + "\n")

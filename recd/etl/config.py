@@ -1,0 +1,189 @@
+"""Configuration and report of one clustering-ETL run (shared by the local and Spark engines)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from recd.errors import ConfigError
+from recd.etl.partitions import MS_PER_HOUR, format_time_ms, parse_time_ms
+
+ENGINES = ("local", "spark")
+DICTIONARY_MODES = ("auto", "all", "none")
+ON_BAD_ROWS = ("fail", "quarantine")
+ZSTD_LEVELS = range(1, 23)
+
+
+@dataclass(kw_only=True, slots=True)
+class EtlConfig:
+    """What to read, where to write and how: one ``recd etl`` run."""
+
+    shard_dir: Path
+    """Log-bus shard directory (``_catalogue.json`` + ``shard-*.zst``, see recd.logs.rawlog)."""
+    table_dir: Path
+    """Table root; partitions land in ``TABLE/ds=YYYY-MM-DD/hour=HH/``."""
+    start: str | None = None
+    """Window start (inclusive, UTC): ISO 8601 or ``YYYY-MM-DD/HH``; must be on an hour. None:
+    from the first row."""
+    end: str | None = None
+    """Window end (exclusive, UTC), same formats as ``start``. None: through the last row."""
+    row_group_rows: int = 8192
+    """Rows per Parquet row group."""
+    zstd_level: int = 3
+    """zstd compression level of the Parquet column chunks (1..22)."""
+    baseline: bool = False
+    """Write rows in arrival order (the unclustered baseline) instead of clustered by session."""
+    memory_budget_bytes: int | None = None
+    """Bound on the rows held in memory at once; a shard whose decoded size exceeds it is
+    processed in several passes, each keeping the sessions of one hash bucket. None: one pass
+    per shard (memory bounded by the largest shard)."""
+    dictionary: str = "auto"
+    """Parquet dictionary encoding: ``auto`` (per column, where it pays on measured
+    statistics), ``all`` or ``none``; see recd.etl.encodings."""
+    on_bad_rows: str = "fail"
+    """``fail``: raise on the first bad row; ``quarantine``: write bad rows to
+    ``TABLE/_quarantine/<run>/`` with the reason, count them and go on."""
+    engine: str = "local"
+    """``local`` (embedded, one process) or ``spark`` (needs the ``recd[spark]`` extra)."""
+    show_progress: bool = True
+    """Show a progress bar per shard (also silenced by ``RECD_PROGRESS=0``)."""
+    spark_master: str | None = None
+    """Spark master URL for ``engine="spark"`` (None: the Spark engine's default, local mode)."""
+
+    def __post_init__(self) -> None:
+        self.shard_dir = Path(self.shard_dir)
+        self.table_dir = Path(self.table_dir)
+        if self.row_group_rows < 1:
+            raise ConfigError(f"row_group_rows must be >= 1, got {self.row_group_rows}")
+        if self.zstd_level not in ZSTD_LEVELS:
+            raise ConfigError(f"zstd_level must be in 1..22, got {self.zstd_level}")
+        if self.memory_budget_bytes is not None and self.memory_budget_bytes < 1:
+            raise ConfigError(
+                f"memory_budget_bytes must be >= 1 or None, got {self.memory_budget_bytes}"
+            )
+        _check_choice("dictionary", self.dictionary, DICTIONARY_MODES)
+        _check_choice("on_bad_rows", self.on_bad_rows, ON_BAD_ROWS)
+        _check_choice("engine", self.engine, ENGINES)
+        start_ms, end_ms = self.start_ms, self.end_ms
+        if start_ms is not None and end_ms is not None and end_ms <= start_ms:
+            raise ConfigError(f"end ({self.end}) must be after start ({self.start})")
+        if self.shard_dir.resolve() == self.table_dir.resolve():
+            raise ConfigError(f"table_dir must differ from shard_dir ({self.shard_dir})")
+
+    @property
+    def start_ms(self) -> int | None:
+        return None if self.start is None else _hour_aligned_ms(self.start, "start")
+
+    @property
+    def end_ms(self) -> int | None:
+        return None if self.end is None else _hour_aligned_ms(self.end, "end")
+
+
+@dataclass(kw_only=True, slots=True)
+class EtlReport:
+    """What one ETL run read, wrote and dropped (nothing is dropped silently)."""
+
+    run_id: str
+    """Unique id of the run (names the staging and quarantine directories)."""
+    engine: str
+    """Engine that ran: ``local`` or ``spark``."""
+    clustered: bool
+    """True: rows clustered by session, ts-sorted; False: baseline arrival order."""
+    rows_read: int = 0
+    """Rows decoded from the shards (every row of every readable block)."""
+    rows_outside_window: int = 0
+    """Valid rows whose ts lies outside [start, end): not part of this run."""
+    rows_in: int = 0
+    """Rows this run is responsible for: rows_read - rows_outside_window."""
+    rows_out: int = 0
+    """Rows written to committed partitions."""
+    rows_quarantined: int = 0
+    """Bad rows (and rows of schema-mismatched blocks) written to the quarantine."""
+    blocks_quarantined: int = 0
+    """Shard blocks whose schema did not match the catalogue (quarantined whole)."""
+    frames_quarantined: int = 0
+    """Corrupt or truncated zstd frames (their rows cannot be counted; bytes are kept)."""
+    quarantine_dir: str | None = None
+    """Where quarantined rows, blocks and frames went (None: nothing quarantined)."""
+    partitions: int = 0
+    """Partitions committed."""
+    files: int = 0
+    """Parquet files committed."""
+    bytes_out: int = 0
+    """Bytes of the committed Parquet files."""
+    seconds: float = 0.0
+    """Wall time of the run."""
+    rows_per_s: float = 0.0
+    """rows_in / seconds."""
+    peak_rss_bytes: int = 0
+    """Peak resident memory of the process that ran the ETL."""
+    passes_per_shard: dict[str, int] = field(default_factory=dict)
+    """Shard file name -> passes it took (> 1 when the memory budget split it)."""
+    rows_per_partition: dict[str, int] = field(default_factory=dict)
+    """``ds=.../hour=..`` -> rows committed there."""
+    encodings: dict[str, str] = field(default_factory=dict)
+    """Column -> Parquet encoding chosen (``dictionary``, ``plain``, ``delta``, ...)."""
+    window: dict[str, str | None] = field(default_factory=dict)
+    """The window read: ``{"start": ISO | None, "end": ISO | None}``."""
+
+    def check_row_accounting(self) -> None:
+        """Internal invariant: every row read is written, quarantined or outside the window."""
+        assert self.rows_in == self.rows_read - self.rows_outside_window, self
+        assert self.rows_in == self.rows_out + self.rows_quarantined, (
+            f"rows_in {self.rows_in} != rows_out {self.rows_out} + rows_quarantined "
+            f"{self.rows_quarantined}"
+        )
+        assert self.rows_out == sum(self.rows_per_partition.values()), self
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def write_json(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n")
+
+    def summary(self) -> str:
+        """Human-readable lines for the CLI."""
+        lines = [
+            f"rows in {self.rows_in:,}  out {self.rows_out:,}  quarantined {self.rows_quarantined:,}"
+            + (
+                f"  outside window {self.rows_outside_window:,}" if self.rows_outside_window else ""
+            ),
+            f"partitions {self.partitions}  files {self.files}  bytes {self.bytes_out:,}"
+            + (f"  ({self.bytes_out / self.rows_out:.1f} B/row)" if self.rows_out else ""),
+            f"{self.seconds:.2f} s  {self.rows_per_s:,.0f} rows/s  "
+            f"peak RSS {self.peak_rss_bytes / 2**20:.0f} MiB  "
+            f"({'clustered by session' if self.clustered else 'baseline arrival order'})",
+        ]
+        if self.blocks_quarantined or self.frames_quarantined:
+            lines.append(
+                f"quarantined blocks {self.blocks_quarantined}  frames {self.frames_quarantined}"
+            )
+        if self.quarantine_dir:
+            lines.append(f"quarantine: {self.quarantine_dir}")
+        return "\n".join(lines)
+
+
+def window_of(config: EtlConfig) -> dict[str, str | None]:
+    start_ms, end_ms = config.start_ms, config.end_ms
+    return {
+        "start": None if start_ms is None else format_time_ms(start_ms),
+        "end": None if end_ms is None else format_time_ms(end_ms),
+    }
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def _hour_aligned_ms(text: str, name: str) -> int:
+    ms = parse_time_ms(text, field=name)
+    if ms % MS_PER_HOUR:
+        raise ConfigError(
+            f"{name} must be on a whole hour (partitions are hourly; a partial hour would "
+            f"replace a partition with part of its rows), got {text!r}"
+        )
+    return ms

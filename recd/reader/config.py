@@ -1,0 +1,297 @@
+"""ReaderConfig: what a reader reads (table, partitions, features) and how (batching, order).
+
+Loaded from a TOML table such as::
+
+    [reader]
+    table = "out/table"
+    start = "2026-11-01/00"          # partitions ds/hour >= start (inclusive)
+    end = "2026-11-01T02:00"         # ... and < end (exclusive)
+    sparse = ["user_history", "cart_item_ids", "cart_seller_ids", "item_id"]
+    dedup_sparse_features = [["user_history"], ["cart_item_ids", "cart_seller_ids"]]
+    batch_size = 512
+    shuffle = "session"
+    preprocessing = [
+        { kind = "hash_modulo", features = ["item_id"], modulo = 100000 },
+        { kind = "truncate_last", features = ["user_history"], n = 50 },
+        { kind = "log1p", features = ["item_price"] },
+    ]
+
+Every check names the field and the offending value; the table-dependent checks (features
+present, schema identical across partitions) run when the read plan is built
+(``recd.reader.plan.build_plan``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from recd.errors import ConfigError
+from recd.etl.partitions import parse_time_ms
+
+# Preprocessing kinds a spec may name, and the keys each one requires besides "kind".
+PREPROCESS_KINDS: dict[str, tuple[str, ...]] = {
+    "hash_modulo": ("features", "modulo"),
+    "truncate_last": ("features", "n"),
+    "log1p": ("features",),
+    "clamp": ("features",),
+    "normalize": ("features", "mean", "std"),
+}
+# Optional numeric keys per kind (a number, or for normalize one number per feature).
+_NUMERIC_KEYS: dict[str, tuple[str, ...]] = {"clamp": ("min", "max"), "normalize": ("mean", "std")}
+SPARSE_PREPROCESS_KINDS = ("hash_modulo", "truncate_last")
+# Fields that do not change which batches come out (nor their order), hence not fingerprinted.
+_NOT_FINGERPRINTED = ("num_epochs", "prefetch_factor", "pin_memory")
+
+
+class Shuffle(StrEnum):
+    """Order in which the units of an epoch are read. Rows are never shuffled one by one:
+    that would scatter a session's duplicate rows over many batches and destroy the dedup."""
+
+    NONE = "none"  # table order: partitions, files, row groups sorted
+    FILE = "file"  # files permuted per epoch; row groups of a file stay in order
+    ROW_GROUP = "row_group"  # (file, row group) units permuted per epoch
+    SESSION = "session"  # units permuted, and whole sessions permuted inside each row group
+
+
+@dataclass(kw_only=True, slots=True)
+class ReaderConfig:
+    """What one reader (one trainer rank and its worker processes) reads, and in which order."""
+
+    table: str
+    """Table directory: ``TABLE/ds=YYYY-MM-DD/hour=HH/part-*.parquet``; only partitions with
+    ``_SUCCESS`` are read."""
+    start: str | None = None
+    """Read partitions whose hour starts at or after this time (inclusive): ISO 8601
+    (``2026-11-01T03:00``, naive = UTC), a date, or ``YYYY-MM-DD/HH``; None: unbounded."""
+    end: str | None = None
+    """Partition hour to stop before (exclusive), same formats; None: no upper bound."""
+    labels: list[str] | None = None
+    """Label columns (float32), B x L in the batch; None: all labels of the catalogue."""
+    dense: list[str] | None = None
+    """Dense feature columns, B x D in the batch in this order; None: all of the catalogue."""
+    sparse: list[str] | None = None
+    """Sparse feature columns (``list<int64>``); None: all sparse features of the catalogue."""
+    dedup_sparse_features: list[list[str]] = field(default_factory=list)
+    """Groups of sparse features converted to IKJTs (one inverse lookup per group, O3); the
+    others stay in the plain KJT. Each feature may appear in at most one group."""
+    batch_size: int = 512
+    """Rows per batch. Batches fill across row-group boundaries inside one worker."""
+    preprocessing: list[dict[str, Any]] = field(default_factory=list)
+    """Preprocessing module specs, applied in order, e.g. ``{kind="hash_modulo",
+    features=["item_id"], modulo=100000}``; kinds: hash_modulo, truncate_last (n), log1p,
+    clamp (min and/or max), normalize (mean, std: a number or one per feature). Sparse kinds
+    run over IKJT distinct values only; dense kinds touch only the listed dense columns."""
+    shuffle: Shuffle = Shuffle.NONE
+    """Shuffle granularity: none, file, row_group or session (never rows)."""
+    seed: int = 0
+    """Seed of the per-epoch permutation (with the epoch number)."""
+    drop_last: bool = False
+    """Drop the final partial batch of each worker in each epoch."""
+    num_epochs: int = 1
+    """Passes over the selected partitions."""
+    rank: int = 0
+    """This trainer's rank in [0, world_size)."""
+    world_size: int = 1
+    """Number of trainer ranks; the units are split over world_size x max(num_workers, 1)."""
+    num_workers: int = 0
+    """DataLoader worker processes of this rank (0: read in the main process)."""
+    prefetch_factor: int = 2
+    """Batches each worker process keeps in flight (DataLoader prefetch_factor)."""
+    pin_memory: bool = False
+    """Let the DataLoader pin batch memory (only useful with a GPU)."""
+
+    def __post_init__(self) -> None:
+        if not self.table:
+            raise ConfigError("reader.table: a table directory is required")
+        self.table = str(self.table)
+        try:
+            self.shuffle = Shuffle(self.shuffle)
+        except ValueError as exc:
+            choices = ", ".join(s.value for s in Shuffle)
+            raise ConfigError(f"reader.shuffle: {self.shuffle!r} is not one of {choices}") from exc
+        lo, hi = self.start_ms, self.end_ms
+        if lo is not None and hi is not None and hi <= lo:
+            raise ConfigError(f"reader.end: {self.end!r} must be after reader.start {self.start!r}")
+        _check_int("batch_size", self.batch_size, minimum=1)
+        _check_int("num_epochs", self.num_epochs, minimum=1)
+        _check_int("world_size", self.world_size, minimum=1)
+        _check_int("rank", self.rank, minimum=0)
+        _check_int("num_workers", self.num_workers, minimum=0)
+        _check_int("prefetch_factor", self.prefetch_factor, minimum=1)
+        _check_int("seed", self.seed, minimum=0)
+        if self.rank >= self.world_size:
+            raise ConfigError(f"reader.rank: {self.rank} must be < world_size {self.world_size}")
+        for name in ("labels", "dense", "sparse"):
+            _check_names(name, getattr(self, name))
+        self._check_dedup_groups()
+        self._check_preprocessing()
+
+    def _check_dedup_groups(self) -> None:
+        seen: dict[str, int] = {}
+        groups = [list(g) for g in self.dedup_sparse_features]
+        for i, group in enumerate(groups):
+            if not group:
+                raise ConfigError(f"reader.dedup_sparse_features[{i}]: a group cannot be empty")
+            for name in group:
+                if not isinstance(name, str):
+                    raise ConfigError(
+                        f"reader.dedup_sparse_features[{i}]: {name!r} is not a feature name"
+                    )
+                if name in seen:
+                    raise ConfigError(
+                        f"reader.dedup_sparse_features: feature {name!r} is in groups "
+                        f"{seen[name]} and {i}; a feature may be in one group only"
+                    )
+                seen[name] = i
+                if self.sparse is not None and name not in self.sparse:
+                    raise ConfigError(
+                        f"reader.dedup_sparse_features[{i}]: {name!r} is not in reader.sparse"
+                    )
+        self.dedup_sparse_features = groups
+
+    def _check_preprocessing(self) -> None:
+        specs = []
+        for i, spec in enumerate(self.preprocessing):
+            if not isinstance(spec, dict):
+                raise ConfigError(f"reader.preprocessing[{i}]: expected a table, got {spec!r}")
+            kind = spec.get("kind")
+            if kind not in PREPROCESS_KINDS:
+                raise ConfigError(
+                    f"reader.preprocessing[{i}].kind: {kind!r} is not one of "
+                    f"{', '.join(PREPROCESS_KINDS)}"
+                )
+            for key in PREPROCESS_KINDS[kind]:
+                if key not in spec:
+                    raise ConfigError(f"reader.preprocessing[{i}] ({kind}): missing key {key!r}")
+            features = spec["features"]
+            if not isinstance(features, list) or not features:
+                raise ConfigError(
+                    f"reader.preprocessing[{i}].features: expected a non-empty list of "
+                    f"feature names, got {features!r}"
+                )
+            for key, minimum in (("modulo", 1), ("n", 0)):
+                if key in PREPROCESS_KINDS[kind]:
+                    value = spec[key]
+                    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                        raise ConfigError(
+                            f"reader.preprocessing[{i}].{key}: expected an integer >= {minimum}, "
+                            f"got {value!r}"
+                        )
+            for key in _NUMERIC_KEYS.get(kind, ()):
+                if key in spec and not _is_numbers(spec[key], len(features)):
+                    raise ConfigError(
+                        f"reader.preprocessing[{i}].{key}: expected a number or "
+                        f"{len(features)} numbers, got {spec[key]!r}"
+                    )
+            if kind == "clamp" and "min" not in spec and "max" not in spec:
+                raise ConfigError(f"reader.preprocessing[{i}] (clamp): give 'min' and/or 'max'")
+            specs.append(dict(spec))
+        self.preprocessing = specs
+
+    @property
+    def start_ms(self) -> int | None:
+        """The start bound in ms since the epoch, UTC (None: unbounded)."""
+        return parse_time_ms(self.start, field="reader.start") if self.start else None
+
+    @property
+    def end_ms(self) -> int | None:
+        """The end bound in ms since the epoch, UTC (None: unbounded)."""
+        return parse_time_ms(self.end, field="reader.end") if self.end else None
+
+    @property
+    def workers_per_rank(self) -> int:
+        """Reading processes of one rank: the DataLoader workers, or 1 (the main process)."""
+        return max(self.num_workers, 1)
+
+    @property
+    def num_global_workers(self) -> int:
+        """All reading processes of the job: world_size x workers_per_rank."""
+        return self.world_size * self.workers_per_rank
+
+    def global_worker_id(self, worker: int) -> int:
+        """Global id of local worker ``worker`` of this rank: rank * workers_per_rank + worker."""
+        return self.rank * self.workers_per_rank + worker
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["shuffle"] = self.shuffle.value
+        return out
+
+    def position_fields(self) -> dict[str, Any]:
+        """The fields that decide which batches come out, in which order (for resume checks)."""
+        out = self.to_dict()
+        for name in _NOT_FINGERPRINTED:
+            out.pop(name)
+        return out
+
+    def fingerprint(self) -> str:
+        """Short hash of ``position_fields()``: a saved reader position is valid only for it."""
+        blob = json.dumps(self.position_fields(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "<dict>") -> ReaderConfig:
+        """Build from a TOML table (unknown keys are errors naming ``source``)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(f"{source}: unknown reader option(s) {', '.join(unknown)}")
+        if "table" not in data:
+            raise ConfigError(f"{source}: missing reader option 'table'")
+        try:
+            return cls(**data)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from exc
+
+
+def load_reader_config(path: str | Path, *, section: str | None = "reader") -> ReaderConfig:
+    """Load a ReaderConfig from a TOML file, from table ``[section]`` (None: the top level).
+
+    A relative ``table`` path is resolved against the TOML file's directory.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"reader config {path} does not exist")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    if section is not None:
+        if section not in data or not isinstance(data[section], dict):
+            raise ConfigError(f"{path}: no [{section}] table")
+        data = data[section]
+    data = dict(data)
+    if isinstance(data.get("table"), str) and not Path(data["table"]).is_absolute():
+        data["table"] = str(path.parent / data["table"])
+    return ReaderConfig.from_dict(data, source=f"{path}[{section}]" if section else str(path))
+
+
+def _check_int(name: str, value: object, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"reader.{name}: expected an integer >= {minimum}, got {value!r}")
+
+
+def _is_numbers(value: object, n: int) -> bool:
+    def number(x: object) -> bool:
+        return isinstance(x, int | float) and not isinstance(x, bool)
+
+    if isinstance(value, list):
+        return len(value) == n and all(number(x) for x in value)
+    return number(value)
+
+
+def _check_names(name: str, value: object) -> None:
+    if value is None:
+        return
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"reader.{name}: expected a list of column names, got {value!r}")
+    duplicates = sorted({v for v in value if value.count(v) > 1})
+    if duplicates:
+        raise ConfigError(f"reader.{name}: column(s) listed twice: {', '.join(duplicates)}")

@@ -1,0 +1,330 @@
+"""The reader as torch sees it: an IterableDataset of batches and a resumable loader around it.
+
+Each reading process (a DataLoader worker, or the main process when ``num_workers == 0``)
+runs ``recd.reader.stream.iter_worker_batches`` over its share of the units, converts each
+batch to tensors (``recd.reader.transform``) and yields it tagged with ``(epoch, worker,
+seq)``, ``seq`` counting that worker's batches in the epoch.
+
+Order. ``ResumableLoader`` hands batches out in one canonical order per epoch: by
+``(seq, worker)``, i.e. round-robin over the workers (skipping workers that have run out),
+the order torch's DataLoader normally delivers them in. The loader enforces it with a small
+reorder buffer, so the order never depends on worker timing or on where a resumed run
+started (a fresh DataLoader always starts its round-robin at worker 0). ``iter_batches`` (single process, for tools and benchmarks) yields the same sequence.
+
+Resume. The position is ``(epoch, batches consumed per worker)``; a batch counts as consumed
+when the loader hands it to the caller (prefetched batches do not). ``load_state_dict`` makes
+the next ``__iter__`` start every worker at its own next batch: the worker maps that batch's
+first row to (unit, offset) with the Parquet footer row counts and reads nothing before it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from recd.batch import Batch
+from recd.errors import ConfigError, RecdError
+from recd.reader.config import ReaderConfig
+from recd.reader.plan import ReadPlan, build_plan
+from recd.reader.stats import BatchTiming, ReaderStats
+from recd.reader.stream import iter_worker_batches
+from recd.reader.transform import BatchTransform
+
+STATE_VERSION = 1
+
+
+@dataclass(slots=True)
+class TaggedBatch:
+    """A batch with the position it was read at (what DataLoader workers send back)."""
+
+    epoch: int
+    worker: int
+    """Local worker id inside this rank (0 when reading in the main process)."""
+    seq: int
+    """Index of the batch among its worker's batches of the epoch."""
+    batch: Batch
+    timing: BatchTiming
+
+    def pin_memory(self) -> TaggedBatch:
+        """Called by DataLoader(pin_memory=True)."""
+        return TaggedBatch(self.epoch, self.worker, self.seq, self.batch.pin_memory(), self.timing)
+
+
+@dataclass(slots=True)
+class WorkerFailure:
+    """A RecdError raised in a worker, sent back as data so the main process re-raises the
+    same exception type and message (DataLoader would turn it into a RuntimeError)."""
+
+    worker: int
+    error_type: type[RecdError]
+    state: dict[str, Any]
+    message: str
+
+    @classmethod
+    def capture(cls, worker: int, exc: RecdError) -> WorkerFailure:
+        return cls(worker, type(exc), dict(getattr(exc, "__dict__", {})), str(exc))
+
+    def rebuild(self) -> RecdError:
+        exc = self.error_type.__new__(self.error_type)
+        Exception.__init__(exc, self.message)
+        exc.__dict__.update(self.state)
+        return exc
+
+
+def iter_tagged_batches(
+    plan: ReadPlan,
+    transform: BatchTransform,
+    *,
+    epoch: int,
+    worker: int,
+    start_batch: int = 0,
+) -> Iterator[TaggedBatch]:
+    """Converted, preprocessed batches of local ``worker`` in ``epoch`` from ``start_batch``."""
+    seq = start_batch
+    for rows in iter_worker_batches(plan, epoch=epoch, worker=worker, start_batch=start_batch):
+        t0 = time.perf_counter()
+        batch = transform.convert(rows.rows)
+        t1 = time.perf_counter()
+        batch = transform.process(batch)
+        t2 = time.perf_counter()
+        timing = BatchTiming(
+            rows=rows.rows.num_rows,
+            fill_s=rows.fill_s,
+            convert_s=t1 - t0,
+            process_s=t2 - t1,
+            read_bytes=rows.read_bytes,
+        )
+        yield TaggedBatch(epoch, worker, seq, batch, timing)
+        seq += 1
+
+
+class ReaderDataset(IterableDataset):
+    """Batches of one epoch of one rank; each DataLoader worker reads its own units.
+
+    ``start_batches[w]`` is the first batch local worker ``w`` yields (resume position).
+    ``transform`` (built once, in the main process: compiling TorchScript takes seconds) is
+    inherited by forked workers or re-created from its serialised modules otherwise.
+    """
+
+    def __init__(
+        self,
+        plan: ReadPlan,
+        *,
+        epoch: int,
+        start_batches: list[int] | None = None,
+        transform: BatchTransform | None = None,
+    ):
+        super().__init__()
+        self.plan = plan
+        self.transform = transform if transform is not None else BatchTransform(plan)
+        self.epoch = epoch
+        n = plan.config.workers_per_rank
+        self.start_batches = list(start_batches) if start_batches is not None else [0] * n
+        if len(self.start_batches) != n:
+            raise ConfigError(
+                f"reader: {len(self.start_batches)} start positions for {n} workers per rank"
+            )
+
+    def __iter__(self) -> Iterator[TaggedBatch | WorkerFailure]:
+        info = get_worker_info()
+        worker = 0 if info is None else info.id
+        expected = self.plan.config.num_workers
+        if info is not None and info.num_workers != expected:
+            raise ConfigError(
+                f"reader.num_workers is {expected} but the DataLoader has {info.num_workers} "
+                "workers: build the loader with make_loader()"
+            )
+        try:
+            yield from iter_tagged_batches(
+                self.plan,
+                self.transform,
+                epoch=self.epoch,
+                worker=worker,
+                start_batch=self.start_batches[worker],
+            )
+        except RecdError as exc:
+            if info is None:
+                raise
+            yield WorkerFailure.capture(worker, exc)
+
+
+def canonical_counts(totals: list[int], consumed: int) -> list[int]:
+    """Batches taken from each worker after the first ``consumed`` batches of the canonical
+    (seq, worker) order, given each worker's batch count ``totals``."""
+    if consumed > sum(totals):
+        raise ConfigError(
+            f"reader: position {consumed} is past the end of the epoch ({sum(totals)})"
+        )
+    lo, hi = 0, max(totals, default=0)  # r: the number of complete rounds
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if sum(min(t, mid) for t in totals) <= consumed:
+            lo = mid
+        else:
+            hi = mid - 1
+    counts = [min(t, lo) for t in totals]
+    left = consumed - sum(counts)
+    for w, t in enumerate(totals):  # a partial round goes to the lowest worker ids
+        if left and t > lo:
+            counts[w] += 1
+            left -= 1
+    return counts
+
+
+def next_worker(totals: list[int], counts: list[int]) -> int | None:
+    """The worker whose batch comes next in the canonical order (None: epoch finished)."""
+    best: tuple[int, int] | None = None
+    for w, (total, count) in enumerate(zip(totals, counts, strict=True)):
+        if count < total and (best is None or count < best[0]):
+            best = (count, w)
+    return None if best is None else best[1]
+
+
+class ResumableLoader:
+    """Iterates the batches of every remaining epoch of one rank, resumable exactly.
+
+    ``for batch in loader`` yields ``Batch`` objects; ``state_dict()`` at any point records
+    the position after the last batch handed out, and a new loader given that state via
+    ``load_state_dict()`` continues with exactly the next batch (same tensors).
+    """
+
+    def __init__(self, config: ReaderConfig, *, plan: ReadPlan | None = None) -> None:
+        self.config = config
+        self.plan = plan if plan is not None else build_plan(config)
+        self.transform = BatchTransform(self.plan)
+        """Conversion + compiled preprocessing, shared by every epoch's workers."""
+        self.stats = ReaderStats()
+        """Timings and bytes of the batches handed out by this loader."""
+        self.epoch = 0
+        """Current epoch (``num_epochs`` once everything has been read)."""
+        self._counts = [0] * config.workers_per_rank
+
+    def epoch_totals(self, epoch: int) -> list[int]:
+        """Batches each local worker yields in ``epoch``."""
+        return [self.plan.worker_num_batches(epoch, w) for w in range(self.config.workers_per_rank)]
+
+    def __len__(self) -> int:
+        """Batches left to hand out, over all remaining epochs."""
+        left = sum(self.epoch_totals(self.epoch)) - sum(self._counts)
+        return left + sum(
+            sum(self.epoch_totals(e)) for e in range(self.epoch + 1, self.config.num_epochs)
+        )
+
+    def __iter__(self) -> Iterator[Batch]:
+        while self.epoch < self.config.num_epochs:
+            yield from self._iter_epoch()
+            self.epoch += 1
+            self._counts = [0] * self.config.workers_per_rank
+
+    def _iter_epoch(self) -> Iterator[Batch]:
+        totals = self.epoch_totals(self.epoch)
+        if next_worker(totals, self._counts) is None:
+            return
+        dataset = ReaderDataset(
+            self.plan, epoch=self.epoch, start_batches=self._counts, transform=self.transform
+        )
+        buffer: dict[tuple[int, int], TaggedBatch] = {}
+        for item in self._source(dataset):
+            if isinstance(item, WorkerFailure):
+                raise item.rebuild()
+            buffer[(item.worker, item.seq)] = item
+            while (w := next_worker(totals, self._counts)) is not None:
+                ready = buffer.pop((w, self._counts[w]), None)
+                if ready is None:
+                    break
+                self._counts[w] += 1
+                self.stats.add(ready.timing)
+                yield ready.batch
+
+    def _source(self, dataset: ReaderDataset) -> Iterator[TaggedBatch | WorkerFailure]:
+        cfg = self.config
+        if cfg.num_workers == 0:
+            return iter(dataset)
+        loader = DataLoader(
+            dataset,
+            batch_size=None,
+            num_workers=cfg.num_workers,
+            prefetch_factor=cfg.prefetch_factor,
+            collate_fn=_identity,
+            pin_memory=cfg.pin_memory,
+            persistent_workers=False,
+        )
+        return iter(loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The exact position: epoch and batches handed out per worker, plus fingerprints."""
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "batches_per_worker": list(self._counts),
+            "batches_in_epoch": sum(self._counts),
+            "config_fingerprint": self.config.fingerprint(),
+            "plan_fingerprint": self.plan.fingerprint(),
+            "position_fields": self.config.position_fields(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (from ``state_dict()`` of a loader with the same config).
+
+        Raises ConfigError naming the differing config field, or saying that the table's
+        units changed, when the state was recorded for another reader.
+        """
+        if state.get("version") != STATE_VERSION:
+            raise ConfigError(f"reader state: version {state.get('version')!r} is not supported")
+        if state["config_fingerprint"] != self.config.fingerprint():
+            saved = state.get("position_fields", {})
+            now = self.config.position_fields()
+            diff = [k for k in now if saved.get(k) != now[k]]
+            detail = ", ".join(f"reader.{k}: saved {saved.get(k)!r}, now {now[k]!r}" for k in diff)
+            raise ConfigError(f"reader state was saved with another config ({detail})")
+        if state["plan_fingerprint"] != self.plan.fingerprint():
+            raise ConfigError(
+                f"reader state: the units of {self.config.table} changed since the state was "
+                "saved (partitions or files added, removed or rewritten)"
+            )
+        epoch = int(state["epoch"])
+        counts = [int(c) for c in state["batches_per_worker"]]
+        if epoch < self.config.num_epochs:
+            expected = canonical_counts(self.epoch_totals(epoch), sum(counts))
+            if counts != expected:
+                raise ConfigError(
+                    f"reader state: batches per worker {counts} is not a position of the "
+                    f"canonical order (expected {expected} after {sum(counts)} batches)"
+                )
+        self.epoch = epoch
+        self._counts = counts
+
+
+def _identity(item: Any) -> Any:
+    return item
+
+
+def make_loader(config: ReaderConfig) -> ResumableLoader:
+    """The resumable loader of ``config`` (builds and validates the read plan)."""
+    return ResumableLoader(config)
+
+
+def iter_batches(config: ReaderConfig, *, stats: ReaderStats | None = None) -> Iterator[Batch]:
+    """All batches of ``config`` read in this process, in the loader's canonical order.
+
+    For tools and benchmarks; ``stats`` (if given) accumulates the per-batch timings.
+    """
+    plan = build_plan(config)
+    transform = BatchTransform(plan)
+    n = config.workers_per_rank
+    for epoch in range(config.num_epochs):
+        streams = [iter_tagged_batches(plan, transform, epoch=epoch, worker=w) for w in range(n)]
+        active = list(range(n))
+        while active:
+            for w in list(active):
+                item = next(streams[w], None)
+                if item is None:
+                    active.remove(w)
+                    continue
+                if stats is not None:
+                    stats.add(item.timing)
+                yield item.batch

@@ -1,0 +1,350 @@
+"""The read plan: which (file, row group) units a reader reads, in which order, on which worker.
+
+Built once in the main process (``build_plan``) from the Parquet footers of the committed
+partitions, validated against the config, then pickled to the DataLoader workers.
+
+* **Units.** One unit per non-empty (file, row group), listed in table order: partitions by
+  (ds, hour), files by name, row groups by index. Only partitions holding ``_SUCCESS`` count;
+  names starting with ``_`` or ``.`` are ignored at every level.
+* **Order per epoch.** ``shuffle`` permutes the units with a generator seeded by
+  ``(seed, epoch)``: ``file`` permutes files (a file's row groups stay in order), ``row_group``
+  and ``session`` permute units (``session`` also permutes whole sessions inside each row
+  group, see ``session_order``). Rows are never shuffled one by one.
+* **Split.** The epoch's unit list is dealt round-robin over the job's global workers: global
+  worker ``g = rank * workers_per_rank + worker`` reads units ``g, g + G, g + 2G, ...`` of it
+  (``G = world_size * workers_per_rank``). Every unit, hence every row, is read exactly once
+  per epoch. Workers may get a different number of rows (at most one unit apart per round).
+* **Batches.** A worker concatenates the rows of its units and cuts them into batches of
+  ``batch_size`` rows (batches span row-group boundaries); its last partial batch is kept
+  unless ``drop_last``. Batch k of a worker therefore starts at row ``k * batch_size`` of its
+  stream, which ``locate`` maps back to (unit, offset) from the footer row counts: resuming
+  skips to a position without reading the data before it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from recd.errors import ConfigError, SchemaError
+from recd.etl.commit import committed_partition_dirs
+from recd.reader.config import SPARSE_PREPROCESS_KINDS, ReaderConfig, Shuffle
+from recd.schema import CATALOGUE_METADATA_KEY, SESSION_ID, Catalogue, catalogue_from_schema
+
+
+@dataclass(frozen=True, slots=True)
+class WorkUnit:
+    """One row group of one Parquet file: the indivisible unit of work of a reader."""
+
+    index: int
+    """Position in table order; seeds the session shuffle of this unit."""
+    path: str
+    """Parquet file."""
+    row_group: int
+    """Row-group index inside the file."""
+    num_rows: int
+    """Rows in the row group (from the footer)."""
+    first_row: int
+    """Row number, inside the file, of the row group's first row (for error messages)."""
+    read_bytes: int
+    """Compressed bytes of the projected column chunks: what reading the unit costs."""
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where a worker's stream starts: unit ``unit`` of its list, row ``offset`` inside it."""
+
+    unit: int
+    offset: int
+
+
+@dataclass(kw_only=True, slots=True)
+class ReadPlan:
+    """Validated units and resolved columns of one reader config."""
+
+    config: ReaderConfig
+    """The config the plan was built from."""
+    catalogue: Catalogue | None
+    """The table's catalogue (from the Parquet schema metadata), if it has one."""
+    labels: list[str]
+    """Label columns, in batch order."""
+    dense: list[str]
+    """Dense feature columns, in batch order."""
+    sparse: list[str]
+    """Sparse feature columns, in batch order."""
+    columns: list[str]
+    """Columns read from each row group (projection)."""
+    column_types: dict[str, pa.DataType]
+    """Arrow type of every projected column (identical in every file)."""
+    units: list[WorkUnit]
+    """All units, in table order."""
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of one epoch over all ranks."""
+        return sum(u.num_rows for u in self.units)
+
+    def fingerprint(self) -> str:
+        """Hash of the units (file, row group, rows): a saved position is only valid for it."""
+        root = Path(self.config.table)
+        h = hashlib.sha256()
+        for u in self.units:
+            rel = Path(u.path).relative_to(root) if Path(u.path).is_relative_to(root) else u.path
+            h.update(f"{rel}:{u.row_group}:{u.num_rows};".encode())
+        return h.hexdigest()[:16]
+
+    def epoch_units(self, epoch: int) -> list[WorkUnit]:
+        """All units of ``epoch`` in reading order (the shuffle for ``(seed, epoch)``)."""
+        return order_units(self.units, self.config.shuffle, seed=self.config.seed, epoch=epoch)
+
+    def worker_units(self, epoch: int, worker: int) -> list[WorkUnit]:
+        """Units of local ``worker`` of this rank in ``epoch`` (round-robin split)."""
+        g = self.config.global_worker_id(worker)
+        return self.epoch_units(epoch)[g :: self.config.num_global_workers]
+
+    def worker_num_batches(self, epoch: int, worker: int) -> int:
+        """Batches local ``worker`` yields in ``epoch``."""
+        return self._global_worker_batches(epoch, self.config.global_worker_id(worker))
+
+    def rank_num_batches(self, epoch: int, rank: int) -> int:
+        """Batches rank ``rank`` (any rank, not only this one) yields in ``epoch``.
+
+        Computed from the footers, without communication: a DDP trainer can stop every rank
+        after ``min(rank_num_batches(e, r) for r in range(world_size))`` steps.
+        """
+        per_rank = self.config.workers_per_rank
+        return sum(self._global_worker_batches(epoch, rank * per_rank + w) for w in range(per_rank))
+
+    def _global_worker_batches(self, epoch: int, g: int) -> int:
+        units = self.epoch_units(epoch)[g :: self.config.num_global_workers]
+        rows = sum(u.num_rows for u in units)
+        return num_batches(rows, self.config.batch_size, drop_last=self.config.drop_last)
+
+
+def num_batches(rows: int, batch_size: int, *, drop_last: bool) -> int:
+    """Batches cut from ``rows`` consecutive rows."""
+    return rows // batch_size if drop_last else -(-rows // batch_size)
+
+
+def locate(units: list[WorkUnit], row: int) -> Position:
+    """The (unit, offset) of row ``row`` of the stream formed by ``units``; past the end it is
+    ``Position(len(units), 0)``."""
+    ends = np.cumsum([u.num_rows for u in units], dtype=np.int64)
+    unit = int(np.searchsorted(ends, row, side="right"))
+    if unit >= len(units):
+        return Position(len(units), 0)
+    start = int(ends[unit - 1]) if unit > 0 else 0
+    return Position(unit, row - start)
+
+
+def order_units(
+    units: list[WorkUnit], shuffle: Shuffle, *, seed: int, epoch: int
+) -> list[WorkUnit]:
+    """Units in the reading order of ``epoch``: table order, or permuted per ``shuffle``."""
+    if shuffle == Shuffle.NONE or len(units) < 2:
+        return list(units)
+    rng = np.random.default_rng([seed, epoch])
+    if shuffle == Shuffle.FILE:
+        files: dict[str, list[WorkUnit]] = {}
+        for u in units:
+            files.setdefault(u.path, []).append(u)
+        groups = list(files.values())
+        return [u for i in rng.permutation(len(groups)) for u in groups[i]]
+    return [units[i] for i in rng.permutation(len(units))]
+
+
+def session_order(session_ids: np.ndarray, *, seed: int, epoch: int, unit: int) -> np.ndarray:
+    """Row indices that permute whole sessions of one row group (shape (N,), int64).
+
+    Sessions are the runs of equal ``session_ids`` (contiguous in a clustered table); the runs
+    are permuted with a generator seeded by ``(seed, epoch, unit)`` and each run keeps its
+    rows in order, so a session's duplicate rows stay adjacent.
+    """
+    n = len(session_ids)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    starts = np.flatnonzero(np.r_[True, session_ids[1:] != session_ids[:-1]])
+    lengths = np.diff(np.r_[starts, n])
+    perm = np.random.default_rng([seed, epoch, unit]).permutation(len(starts))
+    new_lengths = lengths[perm]
+    # Row j of permuted run r comes from starts[perm[r]] + j.
+    run_of_row = np.repeat(np.arange(len(perm)), new_lengths)
+    new_starts = np.cumsum(new_lengths) - new_lengths
+    within = np.arange(n) - new_starts[run_of_row]
+    return (starts[perm][run_of_row] + within).astype(np.int64)
+
+
+def list_table_files(
+    table: Path, *, start_ms: int | None = None, end_ms: int | None = None
+) -> list[Path]:
+    """Data files (``*.parquet``) of the committed partitions, in table order."""
+    files: list[Path] = []
+    for _, directory in committed_partition_dirs(table, start_ms=start_ms, end_ms=end_ms):
+        files.extend(
+            sorted(
+                p
+                for p in directory.iterdir()
+                if p.suffix == ".parquet" and not p.name.startswith(("_", ".")) and p.is_file()
+            )
+        )
+    return files
+
+
+def build_plan(config: ReaderConfig) -> ReadPlan:
+    """List and validate the units of ``config``'s table (reads every file's footer once).
+
+    Raises SchemaError naming the file and column when a needed column is missing or has an
+    unusable type, or when a column's type differs between two files (naming both).
+    """
+    table = Path(config.table)
+    if not table.is_dir():
+        raise ConfigError(f"reader.table: {table} is not a directory")
+    files = list_table_files(table, start_ms=config.start_ms, end_ms=config.end_ms)
+    if not files:
+        window = f"[{config.start or '-inf'}, {config.end or '+inf'})"
+        raise ConfigError(
+            f"reader.table: {table} has no committed partition with data files in {window}"
+        )
+    metas = [_read_footer(path) for path in files]
+    first_schema = metas[0].schema.to_arrow_schema()
+    catalogue = _catalogue_or_none(first_schema, source=str(files[0]))
+    labels, dense, sparse = _resolve_features(config, catalogue, source=str(files[0]))
+    columns = [*labels, *dense, *sparse]
+    if config.shuffle == Shuffle.SESSION:
+        columns.append(SESSION_ID)
+    _check_preprocessing(config, dense=dense, sparse=sparse)
+    column_types = _check_schemas(files, metas, columns, sparse=sparse)
+    units: list[WorkUnit] = []
+    for path, meta in zip(files, metas, strict=True):
+        first_row = 0
+        for rg in range(meta.num_row_groups):
+            group = meta.row_group(rg)
+            if group.num_rows > 0:
+                units.append(
+                    WorkUnit(
+                        index=len(units),
+                        path=str(path),
+                        row_group=rg,
+                        num_rows=group.num_rows,
+                        first_row=first_row,
+                        read_bytes=_projected_bytes(group, set(columns)),
+                    )
+                )
+            first_row += group.num_rows
+    return ReadPlan(
+        config=config,
+        catalogue=catalogue,
+        labels=labels,
+        dense=dense,
+        sparse=sparse,
+        columns=columns,
+        column_types=column_types,
+        units=units,
+    )
+
+
+def _read_footer(path: Path) -> pq.FileMetaData:
+    try:
+        return pq.read_metadata(path)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise SchemaError(f"{path}: not a readable Parquet file: {exc}") from exc
+
+
+def _catalogue_or_none(schema: pa.Schema, *, source: str) -> Catalogue | None:
+    if not schema.metadata or CATALOGUE_METADATA_KEY not in schema.metadata:
+        return None
+    return catalogue_from_schema(schema, source=source)
+
+
+def _resolve_features(
+    config: ReaderConfig, catalogue: Catalogue | None, *, source: str
+) -> tuple[list[str], list[str], list[str]]:
+    missing = [n for n in ("labels", "dense", "sparse") if getattr(config, n) is None]
+    if catalogue is None and missing:
+        raise SchemaError(
+            f"{source}: no recd catalogue in the schema metadata; list reader."
+            f"{', reader.'.join(missing)} explicitly"
+        )
+    labels = config.labels if config.labels is not None else list(catalogue.labels)  # type: ignore[union-attr]
+    dense = config.dense if config.dense is not None else catalogue.dense_names  # type: ignore[union-attr]
+    sparse = config.sparse if config.sparse is not None else catalogue.sparse_names  # type: ignore[union-attr]
+    for i, group in enumerate(config.dedup_sparse_features):
+        for name in group:
+            if name not in sparse:
+                raise SchemaError(
+                    f"{source}: reader.dedup_sparse_features[{i}] names {name!r}, which is not "
+                    f"a sparse feature of the table ({', '.join(sparse)})"
+                )
+    overlap = (set(labels) & set(dense)) | (set(labels) | set(dense)) & set(sparse)
+    if overlap:
+        raise ConfigError(f"reader: column(s) {sorted(overlap)} listed in two feature lists")
+    return list(labels), list(dense), list(sparse)
+
+
+def _check_preprocessing(config: ReaderConfig, *, dense: list[str], sparse: list[str]) -> None:
+    for i, spec in enumerate(config.preprocessing):
+        allowed = sparse if spec["kind"] in SPARSE_PREPROCESS_KINDS else dense
+        what = "sparse" if spec["kind"] in SPARSE_PREPROCESS_KINDS else "dense"
+        for name in spec["features"]:
+            if name not in allowed:
+                raise ConfigError(
+                    f"reader.preprocessing[{i}] ({spec['kind']}): {name!r} is not one of the "
+                    f"{what} features read ({', '.join(allowed) or 'none'})"
+                )
+
+
+def _check_schemas(
+    files: list[Path], metas: list[pq.FileMetaData], columns: list[str], *, sparse: list[str]
+) -> dict[str, pa.DataType]:
+    """Types of ``columns``; SchemaError if one is missing, unusable, or changes across files."""
+    sparse_set = set(sparse)
+    types: dict[str, pa.DataType] = {}
+    origin: dict[str, Path] = {}
+    for path, meta in zip(files, metas, strict=True):
+        schema = meta.schema.to_arrow_schema()
+        for name in columns:
+            idx = schema.get_field_index(name)
+            if idx < 0:
+                seen = f" (present in {origin[name]})" if name in origin else ""
+                raise SchemaError(f"{path}: missing column {name!r}{seen}")
+            typ = schema.field(idx).type
+            if name not in types:
+                _check_column_type(path, name, typ, sparse=name in sparse_set)
+                types[name] = typ
+                origin[name] = path
+            elif not typ.equals(types[name]):
+                raise SchemaError(
+                    f"schema changed between files: column {name!r} is {types[name]} in "
+                    f"{origin[name]} but {typ} in {path}"
+                )
+    return types
+
+
+def _check_column_type(path: Path, name: str, typ: pa.DataType, *, sparse: bool) -> None:
+    if sparse:
+        ok = (pa.types.is_list(typ) or pa.types.is_large_list(typ)) and pa.types.is_integer(
+            typ.value_type
+        )
+        if not ok:
+            raise SchemaError(
+                f"{path}: column {name!r} has type {typ}, expected list<int64> (sparse ids)"
+            )
+    elif name == SESSION_ID:
+        if not pa.types.is_integer(typ):
+            raise SchemaError(f"{path}: column {name!r} has type {typ}, expected int64")
+    elif not (pa.types.is_floating(typ) or pa.types.is_integer(typ)):
+        raise SchemaError(f"{path}: column {name!r} has type {typ}, expected float32")
+
+
+def _projected_bytes(group: pq.RowGroupMetaData, columns: set[str]) -> int:
+    total = 0
+    for j in range(group.num_columns):
+        chunk = group.column(j)
+        if chunk.path_in_schema.split(".")[0] in columns:
+            total += chunk.total_compressed_size
+    return total

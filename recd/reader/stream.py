@@ -1,0 +1,172 @@
+"""One worker's stream of rows: read its units, check and normalise them, cut batches.
+
+This is the Arrow half of a reader (the "fill" of the paper's Figure 10: read + decompress +
+decode); ``recd.reader.dataset`` converts each batch to tensors. Every column is checked
+vectorised once per row group, so bad data fails with the file, row and column at fault.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from recd.errors import BadRowError, SchemaError
+from recd.reader.config import Shuffle
+from recd.reader.plan import ReadPlan, WorkUnit, locate, session_order
+from recd.schema import SESSION_ID
+
+INT64_MAX = np.iinfo(np.int64).max
+SPARSE_TYPE = pa.list_(pa.int64())
+
+
+@dataclass(slots=True)
+class RowBatch:
+    """One batch of rows in Arrow form, before conversion to tensors."""
+
+    rows: pa.RecordBatch
+    """The projected columns with canonical types (float32 labels/dense, list<int64> sparse)."""
+    fill_s: float
+    """Seconds spent reading, decompressing, decoding and checking the rows of this batch."""
+    read_bytes: int
+    """Compressed bytes read from disk for this batch (row groups opened while filling it)."""
+
+
+class UnitReader:
+    """Reads units of one plan, keeping the last opened file (its footer is parsed once)."""
+
+    def __init__(self, plan: ReadPlan) -> None:
+        self.plan = plan
+        self._path: str | None = None
+        self._file: pq.ParquetFile | None = None
+
+    def read(self, unit: WorkUnit, *, epoch: int) -> pa.Table:
+        """The unit's rows: projected, checked, canonical types, sessions permuted if asked."""
+        table = self._read_raw(unit)
+        table = normalise_table(table, unit, self.plan)
+        if self.plan.config.shuffle == Shuffle.SESSION:
+            ids = table.column(SESSION_ID).to_numpy()
+            order = session_order(ids, seed=self.plan.config.seed, epoch=epoch, unit=unit.index)
+            table = table.take(pa.array(order))
+        return table.select([c for c in self.plan.columns if c != SESSION_ID])
+
+    def _read_raw(self, unit: WorkUnit) -> pa.Table:
+        try:
+            if self._path != unit.path or self._file is None:
+                self._file = pq.ParquetFile(unit.path)
+                self._path = unit.path
+            return self._file.read_row_group(unit.row_group, columns=self.plan.columns)
+        except (OSError, pa.ArrowException) as exc:
+            raise SchemaError(
+                f"{unit.path}: row group {unit.row_group}: cannot read: {exc}"
+            ) from exc
+
+
+def normalise_table(table: pa.Table, unit: WorkUnit, plan: ReadPlan) -> pa.Table:
+    """Check every projected column of one row group and cast it to its canonical type.
+
+    Raises BadRowError naming the file, row (inside the file) and column for a null value, a
+    null list, a null id inside a list, or an id outside int64.
+    """
+    sparse = set(plan.sparse)
+    columns = []
+    for name in table.column_names:
+        col = table.column(name)
+        if name in sparse:
+            columns.append(_normalise_sparse(col, name, unit))
+        else:
+            _check_no_nulls(col, name, unit, what="null value")
+            target = pa.int64() if name == SESSION_ID else pa.float32()
+            columns.append(col if col.type.equals(target) else col.cast(target))
+    return pa.table(columns, names=table.column_names)
+
+
+def _normalise_sparse(col: pa.ChunkedArray, name: str, unit: WorkUnit) -> pa.ChunkedArray:
+    _check_no_nulls(col, name, unit, what="null list (expected a list of int64 ids, maybe empty)")
+    chunks = []
+    row0 = 0
+    for chunk in col.chunks:
+        values = chunk.flatten()
+        if values.null_count:
+            flat = int(pc.index(pc.is_null(values), True).as_py())
+            row = int(pc.list_parent_indices(chunk)[flat].as_py())
+            raise BadRowError(
+                unit.path, unit.first_row + row0 + row, name, "null id inside the list"
+            )
+        if pa.types.is_unsigned_integer(values.type) and len(values):
+            big = pc.greater(values, pa.scalar(INT64_MAX, values.type))
+            if pc.any(big).as_py():
+                flat = int(pc.index(big, True).as_py())
+                row = int(pc.list_parent_indices(chunk)[flat].as_py())
+                raise BadRowError(
+                    unit.path,
+                    unit.first_row + row0 + row,
+                    name,
+                    f"id {values[flat].as_py()} does not fit in int64",
+                )
+        chunks.append(chunk if chunk.type.equals(SPARSE_TYPE) else chunk.cast(SPARSE_TYPE))
+        row0 += len(chunk)
+    return pa.chunked_array(chunks, type=SPARSE_TYPE)
+
+
+def _check_no_nulls(col: pa.ChunkedArray, name: str, unit: WorkUnit, *, what: str) -> None:
+    if col.null_count:
+        row = int(pc.index(pc.is_null(col), True).as_py())
+        raise BadRowError(unit.path, unit.first_row + row, name, what)
+
+
+def iter_worker_batches(
+    plan: ReadPlan, *, epoch: int, worker: int, start_batch: int = 0
+) -> Iterator[RowBatch]:
+    """Batches of local ``worker`` in ``epoch``, from batch ``start_batch`` on.
+
+    Skipped batches are not read: the start row is mapped to (unit, offset) with the footer
+    row counts and reading begins there.
+    """
+    config = plan.config
+    size = config.batch_size
+    units = plan.worker_units(epoch, worker)
+    pos = locate(units, start_batch * size)
+    reader = UnitReader(plan)
+    parts: list[pa.Table] = []
+    pending = 0
+    fill_s = 0.0
+    read_bytes = 0
+    for i in range(pos.unit, len(units)):
+        t0 = time.perf_counter()
+        table = reader.read(units[i], epoch=epoch)
+        if i == pos.unit and pos.offset:
+            table = table.slice(pos.offset)
+        fill_s += time.perf_counter() - t0
+        read_bytes += units[i].read_bytes
+        while pending + table.num_rows >= size:
+            take = size - pending
+            parts.append(table.slice(0, take))
+            table = table.slice(take)
+            t0 = time.perf_counter()
+            rows = _concat(parts)
+            yield RowBatch(
+                rows=rows, fill_s=fill_s + time.perf_counter() - t0, read_bytes=read_bytes
+            )
+            parts, pending, fill_s, read_bytes = [], 0, 0.0, 0
+        if table.num_rows:
+            parts.append(table)
+            pending += table.num_rows
+    if pending and not config.drop_last:
+        t0 = time.perf_counter()
+        rows = _concat(parts)
+        yield RowBatch(rows=rows, fill_s=fill_s + time.perf_counter() - t0, read_bytes=read_bytes)
+
+
+def _concat(parts: list[pa.Table]) -> pa.RecordBatch:
+    """One contiguous record batch from table slices (zero-copy when there is one chunk)."""
+    table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+    batches = table.to_batches()
+    if len(batches) == 1:
+        return batches[0]
+    return table.combine_chunks().to_batches()[0]
