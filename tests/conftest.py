@@ -5,10 +5,14 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 from recd.schema import Catalogue, load_catalogue
 
 os.environ.setdefault("RECD_PROGRESS", "0")
+# One intra-op thread: on a 2-core machine torch's thread pool fights pytest, worker processes
+# and child processes for the cores and runs many times slower.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,21 @@
+"""Optimizers: Adam for every parameter, embeddings included (RecD trainer, checkpoint format).
+
+- :mod:`recd.optim.lazy_adam`: :class:`LazyAdam`, row-sparse Adam over the rows a batch
+  touched, with fbgemm's fused GPU ADAM semantics (fbgemm has no ADAM on CPU);
+- :mod:`recd.optim.model_adam`: :class:`ModelAdam`, ``torch.optim.Adam`` for dense parameters
+  + LazyAdam for tables, one step counter, state export/import in checkpoint order;
+- :mod:`recd.optim.measure`: cost per step of LazyAdam vs dense-kernel + torch Adam vs fused
+  SGD (``python -m recd.optim.measure``).
+"""
+
+from recd.optim.lazy_adam import LazyAdam, lazy_adam_update_rows
+from recd.optim.model_adam import AdamConfig, FlatState, ModelAdam, embedding_parameter_names
+
+__all__ = [
+    "AdamConfig",
+    "FlatState",
+    "LazyAdam",
+    "ModelAdam",
+    "embedding_parameter_names",
+    "lazy_adam_update_rows",
+]

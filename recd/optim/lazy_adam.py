@@ -1,0 +1,204 @@
+"""Row-sparse ("lazy") Adam for embedding tables, with fbgemm's fused ADAM semantics.
+
+On GPU, fbgemm's ``SplitTableBatchedEmbeddingBagsCodegen(optimizer=OptimType.ADAM)`` updates,
+inside the backward pass, only the rows a batch looked up. For each touched row, with ``g`` the
+row's gradient summed over its occurrences in the batch and ``t`` the module's iteration
+counter (incremented once per training step, 1 on the first step; fbgemm's ``iter``)::
+
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g * g
+    w = w - lr * ( (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps) + weight_decay * w )
+
+(fbgemm_gpu ``codegen/genscript/optimizers.py``, ``adam()``; ``use_rowwise_bias_correction``
+off, its default). Rows the batch did not touch keep their weights, ``m`` and ``v`` unchanged:
+there is no decay of the moments of untouched rows, which is what makes the update cost
+proportional to the batch rather than to the table. Bias correction uses the global step
+``t``, not a per-row count. ``weight_decay`` is decoupled (it is not folded into ``g`` or the
+moments) and reads the weight before the update.
+
+fbgemm has no ADAM kernel on CPU (``Optimizer adam is not supported in CPU mode``), so
+:class:`LazyAdam` implements the same update with torch ops over the touched rows only. A
+touched row is one whose id occurs in the batch (its gradient may be exactly zero), not a row
+with a nonzero gradient. The rows come from
+
+* a sparse (COO) gradient, as ``nn.Embedding``/``nn.EmbeddingBag`` with ``sparse=True`` give
+  (torchrec's unsharded EBC/EC once their modules are switched to sparse): its indices are
+  exactly the ids looked up; or
+* ``touched_rows`` passed to :meth:`LazyAdam.step` next to a dense gradient, in the
+  parameter's own row space. A sharded table (row-wise or table-wise under DMP) holds only
+  its local rows: pass the local row indices and each rank updates only its rows.
+
+``torch.optim.SparseAdam`` is also lazy, but adds ``eps`` to ``sqrt(v)`` before the bias
+correction of ``v`` (effectively ``eps * sqrt(1 - beta2^t)``) and has no weight decay; with
+``eps = 0`` the two agree (a test checks this).
+
+State, readable and writable for checkpoints: per parameter ``exp_avg`` (m) and
+``exp_avg_sq`` (v), float32 and the parameter's shape, allocated up front; the step counter is
+the param group's ``step`` (saved by ``state_dict()``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["LazyAdam", "lazy_adam_update_rows"]
+
+
+def lazy_adam_update_rows(
+    weight: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    rows: torch.Tensor,
+    grad_rows: torch.Tensor,
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    step: int,
+) -> None:
+    """Apply one fbgemm-ADAM update to ``rows`` (R,) of a table, in place.
+
+    weight, exp_avg, exp_avg_sq: (num_rows x E) float32; rows: (R,) int64 unique row indices;
+    grad_rows: (R x E) the rows' summed gradients; step: t >= 1 (bias correction).
+    """
+    bias1 = 1.0 - beta1**step
+    bias2 = 1.0 - beta2**step
+    # fbgemm: m_t.mul_(beta1); m_t.fma_(grad, 1 - beta1); likewise v with grad^2.
+    m = exp_avg.index_select(0, rows).mul_(beta1).add_(grad_rows, alpha=1.0 - beta1)
+    v = (
+        exp_avg_sq.index_select(0, rows)
+        .mul_(beta2)
+        .addcmul_(grad_rows, grad_rows, value=1.0 - beta2)
+    )
+    w = weight.index_select(0, rows)
+    update = torch.div(m, bias1).div_(torch.div(v, bias2).sqrt_().add_(eps))
+    if weight_decay:
+        update.add_(w, alpha=weight_decay)
+    w.add_(update, alpha=-lr)
+    exp_avg.index_copy_(0, rows, m)
+    exp_avg_sq.index_copy_(0, rows, v)
+    weight.index_copy_(0, rows, w)
+
+
+class LazyAdam(torch.optim.Optimizer):
+    """Adam over the touched rows of 2-D embedding tables (fbgemm fused-ADAM semantics).
+
+    Args:
+        params: the tables (num_rows x E float32 parameters), or param groups.
+        lr: learning rate.
+        betas: (beta1, beta2).
+        eps: added to the bias-corrected ``sqrt(v)``.
+        weight_decay: decoupled decay, applied to touched rows only (fbgemm's ADAM).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+        *,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ) -> None:
+        if lr < 0 or eps < 0 or weight_decay < 0:
+            raise ValueError(f"LazyAdam: lr={lr}, eps={eps}, weight_decay={weight_decay} < 0")
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"LazyAdam: betas must be in [0, 1), got {betas}")
+        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay, "step": 0}
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.dim() != 2 or p.dtype != torch.float32:
+                    raise ValueError(
+                        f"LazyAdam: embedding tables must be 2-D float32, got {p.dtype} "
+                        f"{tuple(p.shape)}"
+                    )
+                self.state[p]["exp_avg"] = torch.zeros_like(
+                    p, memory_format=torch.contiguous_format
+                )
+                self.state[p]["exp_avg_sq"] = torch.zeros_like(
+                    p, memory_format=torch.contiguous_format
+                )
+
+    @property
+    def step_count(self) -> int:
+        """Optimizer steps completed (the first group's counter: t of the last update)."""
+        return int(self.param_groups[0]["step"]) if self.param_groups else 0
+
+    def set_step_count(self, step: int) -> None:
+        """Set every group's step counter (restoring a checkpoint)."""
+        for group in self.param_groups:
+            group["step"] = int(step)
+
+    @torch.no_grad()
+    def step(  # type: ignore[override]
+        self,
+        closure: Callable[[], float] | None = None,
+        *,
+        touched_rows: Mapping[torch.Tensor, torch.Tensor] | None = None,
+    ) -> float | None:
+        """One step: t += 1, then update each table's touched rows.
+
+        Args:
+            closure: re-evaluates the loss (optional, as in torch optimizers).
+            touched_rows: parameter -> row indices (any order, repeats allowed) for tables
+                whose gradient is dense. Tables with sparse gradients read their rows from
+                the gradient; tables without a gradient are untouched.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            group["step"] += 1
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                touched = self._touched(p, touched_rows)
+                if touched is None:
+                    continue
+                rows, grad_rows = touched
+                state = self.state[p]
+                lazy_adam_update_rows(
+                    p,
+                    state["exp_avg"],
+                    state["exp_avg_sq"],
+                    rows,
+                    grad_rows,
+                    lr=group["lr"],
+                    beta1=beta1,
+                    beta2=beta2,
+                    eps=group["eps"],
+                    weight_decay=group["weight_decay"],
+                    step=group["step"],
+                )
+        return loss
+
+    @staticmethod
+    def _touched(
+        p: torch.Tensor, touched_rows: Mapping[torch.Tensor, torch.Tensor] | None
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(unique rows, their summed gradient rows) of ``p``, or None when untouched."""
+        grad = p.grad
+        if grad is None:
+            return None
+        if grad.is_sparse:
+            grad = grad.coalesce()  # sums repeated ids; indices sorted and unique
+            return grad.indices()[0], grad.values()
+        rows = None if touched_rows is None else touched_rows.get(p)
+        if rows is None:
+            raise ValueError(
+                f"LazyAdam: table of shape {tuple(p.shape)} has a dense gradient and no "
+                "touched_rows; pass the rows the batch looked up (or use sparse gradients)"
+            )
+        rows = torch.unique(rows.to(device=p.device, dtype=torch.int64))
+        if rows.numel() and (int(rows[0]) < 0 or int(rows[-1]) >= p.shape[0]):
+            raise ValueError(
+                f"LazyAdam: touched rows [{int(rows[0])}, {int(rows[-1])}] outside the "
+                f"table's {p.shape[0]} rows"
+            )
+        return rows, grad.index_select(0, rows)
