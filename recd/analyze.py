@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from recd.errors import ConfigError, SchemaError
@@ -280,6 +281,36 @@ def analyze_table(
         raise ConfigError(f"analyze: {root} has no committed rows in the window")
     return _summarise(
         root, catalogue, features, totals, batch_size, threshold, sync_threshold, start, end
+    )
+
+
+def analyze_rows(
+    rows: pa.Table,
+    *,
+    catalogue: Catalogue | None = None,
+    features: list[str] | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    threshold: float = DEFAULT_THRESHOLD,
+    sync_threshold: float = DEFAULT_SYNC_THRESHOLD,
+    source: str = "<rows>",
+) -> TableAnalysis:
+    """Analyze rows held in memory (e.g. a raw log) as the clustered table would store them.
+
+    Rows are first clustered by (session_id, ts) as the ETL does, so the measured factor is
+    the one a reader of the clustered table would see.
+    """
+    if features is None:
+        if catalogue is None:
+            raise ConfigError("analyze_rows: give the catalogue or the features to analyze")
+        features = catalogue.sparse_names
+    order = pc.sort_indices(rows, sort_keys=[(SESSION_ID, "ascending"), (TS, "ascending")])
+    part = rows.select([SESSION_ID, TS, *features]).take(order).combine_chunks()
+    totals = _Totals()
+    _scan_partition(part, features, batch_size=batch_size, totals=totals, source=source)
+    if totals.rows == 0:
+        raise ConfigError(f"analyze: {source} has no rows")
+    return _summarise(
+        Path(source), catalogue, features, totals, batch_size, threshold, sync_threshold, None, None
     )
 
 

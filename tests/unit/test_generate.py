@@ -10,22 +10,22 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from recd.analyze import TableAnalysis, analyze_rows, dedupe_factor
 from recd.cli import logs_generate
 from recd.errors import ConfigError
 from recd.logs.generate import (
     FLUSH_INTERVAL_S,
     BoundedZipf,
     GenerateReport,
-    analytic_dedupe_factor,
     generate_logs,
     lomax_sizes,
-    measure_log_stats,
     solve_lomax_scale,
 )
 from recd.logs.rawlog import iter_raw_log, list_segments, read_catalogue
 from recd.schema import Catalogue, SparseKind
 
 STATS_SESSIONS = 2500  # ~15k rows of the tiny catalogue: enough for tight statistics
+
 
 
 def _read(directory: Path) -> pa.Table:
@@ -73,26 +73,34 @@ def test_schema_and_reserved_columns(tmp_path: Path, tiny_catalogue: Catalogue) 
 
 
 def test_measured_statistics_match_catalogue(big_tiny: pa.Table, tiny_catalogue: Catalogue) -> None:
-    stats = measure_log_stats(big_tiny, tiny_catalogue)
-    assert stats.sessions == STATS_SESSIONS
-    assert stats.mean_samples == pytest.approx(tiny_catalogue.sessions.mean_samples, rel=0.05)
+    analysis = analyze_rows(big_tiny, catalogue=tiny_catalogue, batch_size=2048)
+    assert isinstance(analysis, TableAnalysis)
+    assert analysis.sessions == STATS_SESSIONS
+    assert analysis.samples_per_session == pytest.approx(
+        tiny_catalogue.sessions.mean_samples, rel=0.05
+    )
+    measured = {f.name: f for f in analysis.features}
     for f in tiny_catalogue.sparse:
-        got = stats.features[f.name]
-        assert got.unchanged_frac == pytest.approx(f.unchanged_prob, abs=0.02), f.name
+        got = measured[f.name]
+        assert got.unchanged == pytest.approx(f.unchanged_prob, abs=0.02), f.name
         assert got.mean_length == pytest.approx(f.mean_length, rel=0.06), f.name
-        expected_df = analytic_dedupe_factor(
-            mean_samples=tiny_catalogue.sessions.mean_samples, unchanged_prob=f.unchanged_prob
+        expected_df = dedupe_factor(
+            batch_size=2048,
+            mean_length=f.mean_length,
+            samples_per_session=tiny_catalogue.sessions.mean_samples,
+            unchanged=f.unchanged_prob,
         )
         assert got.dedupe_factor == pytest.approx(expected_df, rel=0.08), f.name
     label = big_tiny.column("label").to_numpy()
     assert label.mean() == pytest.approx(tiny_catalogue.sessions.label_rate, abs=0.02)
 
 
-def test_measure_log_stats_agrees_with_plain_python(
+def test_analysis_of_generated_rows_agrees_with_plain_python(
     big_tiny: pa.Table, tiny_catalogue: Catalogue
 ) -> None:
     table = big_tiny.slice(0, 3000)
-    stats = measure_log_stats(table, tiny_catalogue, batch_size=256)
+    analysis = analyze_rows(table, catalogue=tiny_catalogue, batch_size=256)
+    measured = {f.name: f for f in analysis.features}
     order, session = _sessions_in_order(table)
     same = session[1:] == session[:-1]
     for f in tiny_catalogue.sparse:
@@ -103,10 +111,10 @@ def test_measure_log_stats_agrees_with_plain_python(
         distinct = 0
         for start in range(0, len(rows), 256):
             distinct += sum(len(r) for r in {tuple(r) for r in rows[start : start + 256]})
-        got = stats.features[f.name]
-        assert got.unchanged_frac == pytest.approx(d, abs=1e-12)
+        got = measured[f.name]
+        assert got.unchanged == pytest.approx(d, abs=1e-12)
         assert got.mean_length == pytest.approx(ids / len(rows))
-        assert got.batch_dedupe_factor == pytest.approx(ids / distinct)
+        assert got.measured_factor == pytest.approx(ids / distinct)
 
 
 def test_session_sizes_are_heavy_tailed_with_the_configured_mean() -> None:
@@ -362,11 +370,11 @@ def test_unusual_catalogues(tmp_path: Path) -> None:
     )
     generate_logs(catalogue, tmp_path / "odd", seed=0, show_progress=False)
     table = _read(tmp_path / "odd")
-    stats = measure_log_stats(table, catalogue)
-    assert stats.features["maybe"].mean_length == pytest.approx(0.3, abs=0.05)
-    assert stats.features["one"].unchanged_frac == 1.0
-    assert stats.features["mood"].unchanged_frac == pytest.approx(0.5, abs=0.06)
-    assert stats.features["ad"].unchanged_frac == 0.0
+    measured = {f.name: f for f in analyze_rows(table, catalogue=catalogue).features}
+    assert measured["maybe"].mean_length == pytest.approx(0.3, abs=0.05)
+    assert measured["one"].unchanged == 1.0
+    assert measured["mood"].unchanged == pytest.approx(0.5, abs=0.06)
+    assert measured["ad"].unchanged == 0.0
     ad = table.column("ad").to_pylist()
     advertiser = table.column("advertiser").to_pylist()
     assert {(a[0], b[0]) for a, b in zip(ad, advertiser, strict=True)} <= {
