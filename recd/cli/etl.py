@@ -47,6 +47,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--engine", choices=ENGINES, default="local", help="local (embedded) or spark"
     )
+    parser.add_argument(
+        "--spark-master",
+        metavar="URL",
+        help="Spark master for --engine spark (default: $SPARK_MASTER, spark-submit's, or "
+        "local[*]); shards and table must be on a filesystem every executor sees",
+    )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=_run)
@@ -65,6 +71,7 @@ def _run(args: argparse.Namespace) -> int:
         dictionary=args.dictionary,
         on_bad_rows=args.on_bad_rows,
         engine=args.engine,
+        spark_master=args.spark_master,
         show_progress=not args.no_progress,
     )
     report = run_etl(config)
