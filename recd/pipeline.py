@@ -7,10 +7,11 @@ A pipeline config (``pipelines/*.toml``) names a work directory and one table pe
     [shard]    num_shards, block_bytes, zstd_level
     [etl]      row_group_rows, zstd_level, memory_budget_mb
     [analyze]  batch_size, threshold
+    [train]    config (a training TOML), steps
 
 Stages write into ``work_dir``: ``raw/`` (arrival order), ``shards/{session,random}/`` (O1),
 ``table/`` (clustered, O2) and ``table_baseline/`` (arrival order, from the random shards, the
-unclustered baseline), ``report.json`` (every stage's numbers).
+unclustered baseline), ``train/`` (metrics, loss plot), ``report.json`` (every stage's numbers).
 """
 
 from __future__ import annotations
@@ -73,6 +74,17 @@ class AnalyzeStage:
 
 
 @dataclass(kw_only=True, slots=True)
+class TrainStage:
+    """Training the model on the clustered table (skipped when ``config`` is empty)."""
+
+    config: str | None = "train_small.toml"
+    """Training TOML, relative to the pipeline TOML; its table and run_dir are replaced by
+    this job's ``work_dir/table`` and ``work_dir/train``, its dedup groups by the analysis'."""
+    steps: int | None = None
+    """Override the training config's step count."""
+
+
+@dataclass(kw_only=True, slots=True)
 class PipelineConfig:
     """One ``recd run`` job."""
 
@@ -82,6 +94,9 @@ class PipelineConfig:
     shard: ShardStage = field(default_factory=ShardStage)
     etl: EtlStage = field(default_factory=EtlStage)
     analyze: AnalyzeStage = field(default_factory=AnalyzeStage)
+    train: TrainStage = field(default_factory=lambda: TrainStage(config=None))
+    config_dir: Path = field(default_factory=Path.cwd)
+    """Directory the stage configs' relative paths are resolved against."""
 
     def __post_init__(self) -> None:
         self.work_dir = Path(self.work_dir)
@@ -103,6 +118,7 @@ class PipelineConfig:
             "shard": ShardStage,
             "etl": EtlStage,
             "analyze": AnalyzeStage,
+            "train": TrainStage,
         }
         unknown = set(data) - {"run", *stages}
         if unknown:
@@ -120,11 +136,12 @@ class PipelineConfig:
             raise ConfigError(f"{path}: {exc}") from exc
         if not work_dir.is_absolute():
             work_dir = Path.cwd() / work_dir
-        return cls(work_dir=work_dir, **kwargs)
+        return cls(work_dir=work_dir, config_dir=path.parent.resolve(), **kwargs)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["work_dir"] = str(self.work_dir)
+        out["config_dir"] = str(self.config_dir)
         return out
 
 
@@ -153,7 +170,7 @@ def run_pipeline(config: PipelineConfig, *, show_progress: bool = True) -> dict[
     )
     report["generate"] = asdict(gen)
     print(
-        f"[1/4 logs]    {gen.rows:,} rows in {gen.sessions:,} sessions, "
+        f"[1/5 logs]    {gen.rows:,} rows in {gen.sessions:,} sessions, "
         f"{gen.raw_bytes / 1e6:.1f} MB raw, {gen.seconds:.1f} s"
     )
 
@@ -167,7 +184,7 @@ def run_pipeline(config: PipelineConfig, *, show_progress: bool = True) -> dict[
     )
     report["shard"] = shards.to_dict()
     print(
-        f"[2/4 shard]   {config.shard.num_shards} shards: session {shards.session.compressed_bytes / 1e6:.2f} MB "
+        f"[2/5 shard]   {config.shard.num_shards} shards: session {shards.session.compressed_bytes / 1e6:.2f} MB "
         f"(compression {shards.session.compression_ratio:.2f}x), random "
         f"{shards.random.compressed_bytes / 1e6:.2f} MB ({shards.random.compression_ratio:.2f}x): "
         f"session sharding is {shards.ratio:.2f}x smaller"
@@ -198,7 +215,7 @@ def run_pipeline(config: PipelineConfig, *, show_progress: bool = True) -> dict[
         "table_compression_ratio": ratio,
     }
     print(
-        f"[3/4 etl]     rows in {clustered.rows_in:,} -> out {clustered.rows_out:,} "
+        f"[3/5 etl]     rows in {clustered.rows_in:,} -> out {clustered.rows_out:,} "
         f"(quarantined {clustered.rows_quarantined}), {clustered.partitions} partitions; "
         f"clustered {clustered.bytes_out / 1e6:.2f} MB vs arrival-order {baseline.bytes_out / 1e6:.2f} MB: "
         f"{ratio:.2f}x smaller, {clustered.bytes_out / max(clustered.rows_out, 1):.0f} B/sample"
@@ -209,9 +226,26 @@ def run_pipeline(config: PipelineConfig, *, show_progress: bool = True) -> dict[
     )
     report["analyze"] = analysis.to_dict()
     print(
-        f"[4/4 analyze] per-feature dedup analysis of the clustered table (B = {config.analyze.batch_size}):"
+        f"[4/5 analyze] per-feature dedup analysis of the clustered table (B = {config.analyze.batch_size}):"
     )
     print(format_report(analysis))
+
+    if config.train.config:
+        from recd.train.loop import format_summary, train_from_pipeline
+
+        train_config = config.config_dir / config.train.config
+        print(
+            f"[5/5 train]   {train_config.name} on the clustered table with the proposed dedup groups"
+        )
+        result = train_from_pipeline(
+            work,
+            train_config,
+            dedup_sparse_features=analysis.dedup_sparse_features,
+            steps=config.train.steps,
+            show_progress=show_progress,
+        )
+        report["train"] = result.to_dict()
+        print(format_summary(result))
 
     report_path = work / "report.json"
     report_path.write_text(json.dumps(report, indent=1, default=str))

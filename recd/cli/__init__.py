@@ -15,7 +15,7 @@ import sys
 from recd.errors import RecdError
 
 # Modules under recd.cli, each adding its subcommand(s); listed in pipeline order.
-COMMAND_MODULES = ("logs", "etl", "analyze", "run", "ckpt")
+COMMAND_MODULES = ("logs", "etl", "analyze", "train", "run", "ckpt")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,10 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``recd`` console script; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    # Libraries (fbgemm logs every .so it loads at INFO on the root logger) stay at WARNING.
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("recd").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     try:
         return int(args.func(args) or 0)
     except RecdError as exc:

@@ -1,0 +1,85 @@
+"""``recd train``: train a DLRM / RM1-like model on a clustered table (one or N processes)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "train",
+        help="train a DLRM / RM1-like model on a table's partitions; eval loss / NE / AUC",
+        description=(
+            "Read the training partitions with the readers (KJT + IKJTs), train with Adam, "
+            "evaluate loss, normalized entropy and AUC on the held-out partitions, and write "
+            "RUN_DIR/metrics.jsonl (samples/s, peak memory), RUN_DIR/loss.png and "
+            "RUN_DIR/train.json. With --nproc N > 1 the job runs as N torchrun workers "
+            "(gloo on CPU, nccl on GPU)."
+        ),
+    )
+    parser.add_argument(
+        "--config", type=Path, required=True, help="train TOML, e.g. pipelines/train_small.toml"
+    )
+    parser.add_argument("--steps", type=int, metavar="N", help="override [train] steps")
+    parser.add_argument("--run-dir", type=Path, metavar="DIR", help="override [train] run_dir")
+    parser.add_argument(
+        "--seed", type=int, metavar="S", help="override [train] seed and [reader] seed"
+    )
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        metavar="N",
+        help="trainer processes (override [train] world_size); N > 1 launches torchrun",
+    )
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    # Heavy imports (torch, torchrec) only here: `recd --help` stays fast.
+    from recd.errors import ConfigError
+    from recd.progress import progress_enabled
+    from recd.train.config import load_train_config
+    from recd.train.launch import in_torchrun, launch_torchrun
+    from recd.train.loop import format_summary, run_training
+
+    config = load_train_config(args.config)
+    if args.steps is not None:
+        if args.steps < 1:
+            raise ConfigError(f"--steps: expected an integer >= 1, got {args.steps}")
+        config.train.steps = args.steps
+    if args.run_dir is not None:
+        config.train.run_dir = args.run_dir.resolve()
+    if args.seed is not None:
+        if args.seed < 0:
+            raise ConfigError(f"--seed: expected an integer >= 0, got {args.seed}")
+        config.train.seed = args.seed
+        config.reader.seed = args.seed
+    nproc = config.train.world_size if args.nproc is None else args.nproc
+    if nproc < 1:
+        raise ConfigError(f"--nproc: expected an integer >= 1, got {nproc}")
+    if in_torchrun():
+        config.train.world_size = int(os.environ["WORLD_SIZE"])
+    elif nproc > 1:
+        return launch_torchrun(nproc, _worker_args(args))
+    else:
+        config.train.world_size = 1
+    result = run_training(config, show_progress=progress_enabled())
+    if not in_torchrun() or os.environ["RANK"] == "0":
+        print(format_summary(result))
+    return 0
+
+
+def _worker_args(args: argparse.Namespace) -> list[str]:
+    """The command of each torchrun worker: the same options with absolute paths, minus
+    ``--nproc`` (a worker takes its world from torchrun's environment; torchrun's own parser
+    would also take ``--nproc`` for an abbreviation of its ``--nproc-per-node``)."""
+    out = ["train", "--config", str(args.config.resolve())]
+    if args.steps is not None:
+        out += ["--steps", str(args.steps)]
+    if args.run_dir is not None:
+        out += ["--run-dir", str(args.run_dir.resolve())]
+    if args.seed is not None:
+        out += ["--seed", str(args.seed)]
+    return out

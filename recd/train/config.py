@@ -1,0 +1,413 @@
+"""TrainConfig: what ``recd train`` reads, builds and runs, loaded from one TOML file.
+
+::
+
+    [reader]                 # a ReaderConfig table (recd.reader.config): the training partitions
+    table = "../runs/small/table"
+    end = "2026-11-01T02:00"
+    batch_size = 256
+    dedup_sparse_features = [["user_click_history"], ["cart_item_ids", "cart_seller_ids"]]
+    num_epochs = 20
+
+    [eval]                   # held-out partitions of the same table
+    start = "2026-11-01T02:00"
+    batch_size = 1024
+    max_batches = 8
+
+    [model]                  # kind = "rm1" | "dlrm"
+    kind = "rm1"
+    embedding_dim = 16
+    max_rows = 20000
+    dedup = "full"           # off | lookup | full
+    [model.sequence]
+    num_heads = 2
+
+    [optim]
+    lr = 0.003
+
+    [train]
+    steps = 300
+    log_every = 10
+    eval_every = 100
+    seed = 0
+    run_dir = "../runs/small/train"
+
+Relative paths (``reader.table``, ``train.run_dir``) are resolved against the TOML file's
+directory, as :func:`recd.reader.config.load_reader_config` does. Every check names the field
+and the offending value (``ConfigError``, exit code 2 in the CLI). A ``[reader]`` table without
+``seed`` uses ``train.seed``, so one seed fixes the whole run (weights and data order).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from models.dlrm import DedupMode
+from models.sequence import SequenceConfig
+from recd.errors import ConfigError
+from recd.optim import AdamConfig
+from recd.reader.config import ReaderConfig, Shuffle
+
+__all__ = [
+    "EvalConfig",
+    "ModelSection",
+    "OptimSection",
+    "RunSection",
+    "SequenceSection",
+    "TrainConfig",
+    "load_train_config",
+]
+
+ModelKind = Literal["dlrm", "rm1"]
+Device = Literal["auto", "cpu", "cuda"]
+SHARDING_PLANS = (
+    "table_wise",
+    "row_wise",
+    "table_row_wise",
+    "column_wise",
+    "data_parallel",
+    "auto",
+)
+"""Values of ``train.sharding`` (``recd.train.sharding.SHARDING_KINDS``)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class EvalConfig:
+    """The held-out partitions, read with the training reader's features and preprocessing."""
+
+    start: str | None = None
+    """First held-out partition hour (inclusive; formats of ``reader.start``)."""
+    end: str | None = None
+    """Partition hour to stop before (exclusive); None: to the end of the table."""
+    batch_size: int = 1024
+    """Rows per evaluation batch (no gradients: can be larger than the training batch)."""
+    max_batches: int | None = None
+    """Evaluate at most this many batches (None: the whole held-out range)."""
+
+    def __post_init__(self) -> None:
+        if self.start is None and self.end is None:
+            raise ConfigError("eval: give eval.start and/or eval.end (the held-out partitions)")
+        _check_int("eval.batch_size", self.batch_size, minimum=1)
+        if self.max_batches is not None:
+            _check_int("eval.max_batches", self.max_batches, minimum=1)
+
+
+@dataclass(kw_only=True, slots=True)
+class SequenceSection:
+    """The transformers that pool sequence groups (``kind = "rm1"`` only)."""
+
+    num_layers: int = 1
+    """Encoder layers per group."""
+    num_heads: int = 2
+    """Attention heads; must divide ``model.embedding_dim``."""
+    ff_dim: int = 32
+    """Feed-forward width of each layer."""
+    max_seq_len: int | None = None
+    """Positions kept per sequence; None: the longest history's ``max_length`` (catalogue)."""
+    pooling: Literal["mean", "first"] = "mean"
+    """``mean`` over [CLS] and valid positions, or the [CLS] output (``first``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "num_heads", "ff_dim"):
+            _check_int(f"model.sequence.{name}", getattr(self, name), minimum=1)
+        if self.max_seq_len is not None:
+            _check_int("model.sequence.max_seq_len", self.max_seq_len, minimum=1)
+        if self.pooling not in ("mean", "first"):
+            raise ConfigError(
+                f"model.sequence.pooling: expected 'mean' or 'first', got {self.pooling!r}"
+            )
+
+    def to_sequence_config(self, *, longest_history: int) -> SequenceConfig:
+        """The model's :class:`SequenceConfig` (dropout 0: the IKJT path must equal the KJT one)."""
+        return SequenceConfig(
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            ff_dim=self.ff_dim,
+            max_seq_len=self.max_seq_len if self.max_seq_len is not None else longest_history,
+            pooling=self.pooling,
+        )
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelSection:
+    """The model built from the table's catalogue (``models.rm1_config`` / ``dlrm_config``)."""
+
+    kind: ModelKind = "rm1"
+    """``rm1``: history features pooled by per-group transformers (RM1-like);
+    ``dlrm``: every sparse feature sum-pooled by the EmbeddingBagCollection."""
+    embedding_dim: int = 16
+    """E: embedding width (also the bottom MLP output and the transformer width)."""
+    max_rows: int = 100_000
+    """Rows per table: ``min(cardinality, max_rows)``."""
+    hash_ids: bool = True
+    """Add a reader ``hash_modulo`` step (modulo ``max_rows``) for every feature whose
+    catalogue cardinality exceeds ``max_rows``, so its ids fit the table. False: the reader's
+    own preprocessing must map ids into ``[0, rows)``."""
+    bottom_mlp: list[int] | None = None
+    """Bottom MLP sizes, the last equal to ``embedding_dim``; None: ``[4 E, E]``."""
+    top_mlp: list[int] | None = None
+    """Top MLP sizes, the last equal to the number of labels; None: ``[4 E, labels]``."""
+    dedup: DedupMode = DedupMode.FULL
+    """How IKJT batches are used: ``off`` (expand to KJT first), ``lookup`` (embedding lookups
+    on distinct rows), ``full`` (and transformers on distinct sequences)."""
+    sequence: SequenceSection = field(default_factory=SequenceSection)
+    """``[model.sequence]``: the sequence-group transformers."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("dlrm", "rm1"):
+            raise ConfigError(f"model.kind: expected 'dlrm' or 'rm1', got {self.kind!r}")
+        _check_int("model.embedding_dim", self.embedding_dim, minimum=1)
+        _check_int("model.max_rows", self.max_rows, minimum=1)
+        try:
+            self.dedup = DedupMode(self.dedup)
+        except ValueError as exc:
+            choices = ", ".join(m.value for m in DedupMode)
+            raise ConfigError(f"model.dedup: {self.dedup!r} is not one of {choices}") from exc
+        for name in ("bottom_mlp", "top_mlp"):
+            sizes = getattr(self, name)
+            if sizes is None:
+                continue
+            if not isinstance(sizes, list) or not sizes:
+                raise ConfigError(f"model.{name}: expected a list of layer sizes, got {sizes!r}")
+            for size in sizes:
+                _check_int(f"model.{name}", size, minimum=1)
+        if self.bottom_mlp is not None and self.bottom_mlp[-1] != self.embedding_dim:
+            raise ConfigError(
+                f"model.bottom_mlp: the last size {self.bottom_mlp[-1]} must equal "
+                f"model.embedding_dim = {self.embedding_dim}"
+            )
+        if self.kind == "rm1" and self.embedding_dim % self.sequence.num_heads:
+            raise ConfigError(
+                f"model.sequence.num_heads: {self.sequence.num_heads} does not divide "
+                f"model.embedding_dim = {self.embedding_dim}"
+            )
+
+
+@dataclass(kw_only=True, slots=True)
+class OptimSection:
+    """Adam for every parameter (dense: torch Adam; tables: lazy Adam / fbgemm fused ADAM)."""
+
+    lr: float = 1e-3
+    """Learning rate of the dense parameters."""
+    embedding_lr: float | None = None
+    """Learning rate of the embedding tables; None: ``lr``."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """Adam (beta1, beta2): the decays of m and v."""
+    eps: float = 1e-8
+    """Added to the bias-corrected sqrt(v)."""
+    weight_decay: float = 0.0
+    """L2 penalty of the dense parameters (torch Adam)."""
+    embedding_weight_decay: float = 0.0
+    """Decoupled decay of the touched embedding rows (fbgemm ADAM)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.betas, list | tuple) or len(self.betas) != 2:
+            raise ConfigError(f"optim.betas: expected [beta1, beta2], got {self.betas!r}")
+        self.betas = [float(b) for b in self.betas]
+        try:
+            self.to_adam()
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace("optimizer.", "optim.")) from exc
+
+    def to_adam(self) -> AdamConfig:
+        """The :class:`recd.optim.AdamConfig` of these settings."""
+        return AdamConfig(
+            lr=self.lr,
+            embedding_lr=self.embedding_lr,
+            beta1=self.betas[0],
+            beta2=self.betas[1],
+            eps=self.eps,
+            weight_decay=self.weight_decay,
+            embedding_weight_decay=self.embedding_weight_decay,
+        )
+
+
+@dataclass(kw_only=True, slots=True)
+class RunSection:
+    """The ``[train]`` table: length, cadences, seed, output, devices and sharding."""
+
+    steps: int = 300
+    """Optimizer steps (fewer if the reader runs out of batches first: raise
+    ``reader.num_epochs``)."""
+    log_every: int = 10
+    """Write a ``metrics.jsonl`` line (and update the progress display) every this many steps."""
+    eval_every: int = 100
+    """Evaluate on the held-out partitions every this many steps (0: only at the end). The
+    last step is always evaluated when ``[eval]`` is given."""
+    seed: int = 0
+    """Seeds the weights (and the reader's shuffle unless ``reader.seed`` is given): the same
+    seed and config give bit-identical losses."""
+    run_dir: Path = Path("runs/train")
+    """Where ``metrics.jsonl``, ``loss.png`` and ``train.json`` go (created if missing)."""
+    device: Device = "auto"
+    """``cpu``, ``cuda`` (this rank's local GPU) or ``auto`` (cuda when available)."""
+    world_size: int = 1
+    """Trainer processes (``recd train --nproc`` overrides): > 1 launches torchrun, shards the
+    embedding tables (DMP) and runs the dense layers data-parallel."""
+    sharding: str = "table_wise"
+    """Embedding sharding when ``world_size > 1`` (``recd.train.sharding``): table_wise,
+    row_wise, table_row_wise, column_wise, data_parallel (tables replicated) or auto
+    (torchrec's planner)."""
+    num_threads: int | None = None
+    """torch intra-op threads per process (None: torch's default)."""
+    plot: bool = True
+    """Write the loss plot ``loss.png`` at the end."""
+
+    def __post_init__(self) -> None:
+        _check_int("train.steps", self.steps, minimum=1)
+        _check_int("train.log_every", self.log_every, minimum=1)
+        _check_int("train.eval_every", self.eval_every, minimum=0)
+        _check_int("train.seed", self.seed, minimum=0)
+        _check_int("train.world_size", self.world_size, minimum=1)
+        if self.num_threads is not None:
+            _check_int("train.num_threads", self.num_threads, minimum=1)
+        self.run_dir = Path(self.run_dir)
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"train.device: expected auto, cpu or cuda, got {self.device!r}")
+        if self.sharding not in SHARDING_PLANS:
+            raise ConfigError(
+                f"train.sharding: {self.sharding!r} is not one of {', '.join(SHARDING_PLANS)}"
+            )
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    """One training job: ``[reader]``, ``[eval]``, ``[model]``, ``[optim]``, ``[train]``."""
+
+    reader: ReaderConfig
+    """The training partitions and how they are batched (rank / world_size are set per
+    process by the trainer)."""
+    eval: EvalConfig | None = None
+    """The held-out partitions; None: no evaluation."""
+    model: ModelSection = field(default_factory=ModelSection)
+    """The model."""
+    optim: OptimSection = field(default_factory=OptimSection)
+    """Adam hyper-parameters."""
+    train: RunSection = field(default_factory=RunSection)
+    """Steps, cadences, seed, output directory, devices."""
+
+    def __post_init__(self) -> None:
+        if self.eval is not None and _overlap(
+            (self.reader.start_ms, self.reader.end_ms), self._eval_range_ms()
+        ):
+            raise ConfigError(
+                f"eval: the held-out range [{self.eval.start}, {self.eval.end}) overlaps the "
+                f"training partitions [reader.start = {self.reader.start}, reader.end = "
+                f"{self.reader.end}): held-out data must not be trained on"
+            )
+        if self.train.eval_every and self.eval is None:
+            self.train.eval_every = 0  # nothing to evaluate
+
+    def _eval_range_ms(self) -> tuple[int | None, int | None]:
+        assert self.eval is not None
+        probe = dataclasses.replace(self.reader, start=self.eval.start, end=self.eval.end)
+        return probe.start_ms, probe.end_ms
+
+    def eval_reader(self) -> ReaderConfig:
+        """Reader of the held-out partitions: the training features and preprocessing, table
+        order, one epoch, read whole by every rank (so every rank sees the same batches)."""
+        if self.eval is None:
+            raise ConfigError("eval: this config has no [eval] table")
+        return dataclasses.replace(
+            self.reader,
+            start=self.eval.start,
+            end=self.eval.end,
+            batch_size=self.eval.batch_size,
+            shuffle=Shuffle.NONE,
+            num_epochs=1,
+            drop_last=False,
+            rank=0,
+            world_size=1,
+            num_workers=0,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready view (for ``train.json`` and reports)."""
+        return {
+            "reader": self.reader.to_dict(),
+            "eval": None if self.eval is None else dataclasses.asdict(self.eval),
+            "model": {**dataclasses.asdict(self.model), "dedup": self.model.dedup.value},
+            "optim": dataclasses.asdict(self.optim),
+            "train": {**dataclasses.asdict(self.train), "run_dir": str(self.train.run_dir)},
+        }
+
+    @classmethod
+    def from_dict(
+        cls, data: dict[str, Any], *, base_dir: Path | None = None, source: str = "<dict>"
+    ) -> TrainConfig:
+        """Build from parsed TOML; relative paths are resolved against ``base_dir``.
+
+        Unknown tables or keys are errors naming ``source`` and the key.
+        """
+        known = ("reader", "eval", "model", "optim", "train")
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ConfigError(
+                f"{source}: unknown table(s) {', '.join(unknown)}; expected {', '.join(known)}"
+            )
+        for name in known:
+            if name in data and not isinstance(data[name], dict):
+                raise ConfigError(f"{source}: [{name}] must be a table")
+        if "reader" not in data:
+            raise ConfigError(f"{source}: missing [reader] table (the training partitions)")
+        try:
+            train = _build(RunSection, dict(data.get("train", {})), "train")
+            if base_dir is not None and not train.run_dir.is_absolute():
+                train.run_dir = base_dir / train.run_dir
+            reader_data = dict(data["reader"])
+            reader_data.setdefault("seed", train.seed)
+            table = reader_data.get("table")
+            if base_dir is not None and isinstance(table, str) and not Path(table).is_absolute():
+                reader_data["table"] = str(base_dir / table)
+            reader = ReaderConfig.from_dict(reader_data, source=f"{source}[reader]")
+            model_data = dict(data.get("model", {}))
+            sequence = _build(
+                SequenceSection, dict(model_data.pop("sequence", {})), "model.sequence"
+            )
+            model = _build(ModelSection, {**model_data, "sequence": sequence}, "model")
+            optim = _build(OptimSection, dict(data.get("optim", {})), "optim")
+            evaluation = _build(EvalConfig, dict(data["eval"]), "eval") if "eval" in data else None
+            return cls(reader=reader, eval=evaluation, model=model, optim=optim, train=train)
+        except ConfigError as exc:
+            if str(exc).startswith(source):
+                raise
+            raise ConfigError(f"{source}: {exc}") from exc
+
+
+def load_train_config(path: str | Path) -> TrainConfig:
+    """Load a :class:`TrainConfig` from a TOML file (paths relative to its directory)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"train config {path} does not exist")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    return TrainConfig.from_dict(data, base_dir=path.resolve().parent, source=str(path))
+
+
+def _build(cls: type, data: dict[str, Any], section: str) -> Any:
+    """``cls(**data)`` with unknown keys reported as ``[section] unknown key ...``."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(
+            f"[{section}]: unknown key(s) {', '.join(unknown)}; expected {', '.join(sorted(names))}"
+        )
+    return cls(**data)
+
+
+def _check_int(name: str, value: object, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name}: expected an integer >= {minimum}, got {value!r}")
+
+
+def _overlap(a: tuple[int | None, int | None], b: tuple[int | None, int | None]) -> bool:
+    """Whether half-open ranges [a0, a1) and [b0, b1) intersect (None = unbounded)."""
+    lo = max(x for x in (a[0], b[0], -(2**63)) if x is not None)
+    hi = min(x for x in (a[1], b[1], 2**63) if x is not None)
+    return lo < hi

@@ -1,0 +1,142 @@
+"""Multi-process training: launch ``recd train`` under torchrun, and join its process group.
+
+``recd train --nproc N`` (N > 1) re-runs itself as N workers::
+
+    python -m torch.distributed.run --standalone --nproc_per_node N -m recd train ARGS...
+
+with the same arguments. Each worker sees torchrun's environment (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``), so it does not launch again
+(:func:`in_torchrun`) and instead joins the process group with :func:`init_distributed`:
+``gloo`` on CPU, ``nccl`` on GPU (one GPU per local rank).
+
+Signals: torchrun's agent forwards SIGTERM/SIGINT to its workers (not SIGUSR1); signal the
+workers themselves (their pids, or the process group) for anything else.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from recd.errors import ConfigError
+
+__all__ = [
+    "DistContext",
+    "destroy_distributed",
+    "in_torchrun",
+    "init_distributed",
+    "launch_torchrun",
+    "torchrun_command",
+]
+
+log = logging.getLogger(__name__)
+
+_TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True, slots=True)
+class DistContext:
+    """This process's place in a multi-process job."""
+
+    rank: int
+    """Global rank in [0, world_size)."""
+    world_size: int
+    """Number of trainer processes."""
+    local_rank: int
+    """Rank on this machine (selects the GPU)."""
+    backend: str
+    """``gloo`` (CPU) or ``nccl`` (GPU)."""
+    device: torch.device
+    """Where this rank computes."""
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that writes files and shows progress."""
+        return self.rank == 0
+
+
+def in_torchrun() -> bool:
+    """Whether this process is a torchrun worker (its environment names a rank and a world)."""
+    return all(name in os.environ for name in _TORCHRUN_ENV)
+
+
+def torchrun_command(nproc: int, recd_args: list[str]) -> list[str]:
+    """The command that runs ``recd RECD_ARGS`` as ``nproc`` workers on this machine."""
+    if nproc < 1:
+        raise ConfigError(f"--nproc: expected an integer >= 1, got {nproc}")
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(nproc),
+        "-m",
+        "recd",
+        *recd_args,
+    ]
+
+
+def launch_torchrun(nproc: int, recd_args: list[str], *, timeout_s: float | None = None) -> int:
+    """Run ``recd RECD_ARGS`` under torchrun with ``nproc`` workers; return its exit code.
+
+    The workers inherit this process's stdout/stderr. ``timeout_s``: kill the job after that
+    long (exit code 124).
+    """
+    command = torchrun_command(nproc, recd_args)
+    log.info("launching %d workers: %s", nproc, " ".join(command))
+    try:
+        return subprocess.run(command, check=False, timeout=timeout_s).returncode
+    except subprocess.TimeoutExpired:
+        log.error("torchrun job timed out after %s s", timeout_s)
+        return 124
+
+
+def init_distributed(device: str = "auto") -> DistContext:
+    """Join the torchrun job's process group (``env://``): nccl on GPU, gloo on CPU.
+
+    ``device``: ``cpu``, ``cuda`` or ``auto`` (cuda when available). With cuda each local
+    rank takes GPU ``LOCAL_RANK``.
+    """
+    import torch.distributed as dist
+
+    if not in_torchrun():
+        missing = [n for n in _TORCHRUN_ENV if n not in os.environ]
+        raise ConfigError(
+            f"distributed training: not a torchrun worker (no {', '.join(missing)} in the "
+            "environment); start it with `recd train --nproc N`"
+        )
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        if torch.cuda.device_count() <= local_rank:
+            raise ConfigError(
+                f"train.device: cuda, but local rank {local_rank} has no GPU "
+                f"({torch.cuda.device_count()} visible)"
+            )
+        target = torch.device("cuda", local_rank)
+        torch.cuda.set_device(target)
+        backend = "nccl"
+    else:
+        target = torch.device("cpu")
+        backend = "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
+    return DistContext(
+        rank=rank, world_size=world_size, local_rank=local_rank, backend=backend, device=target
+    )
+
+
+def destroy_distributed() -> None:
+    """Leave the process group (no-op when none was joined)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,745 @@
+"""The training job: read the clustered table, train a DLRM / RM1-like model, evaluate, report.
+
+Read top to bottom, :meth:`Trainer.train` is the whole job::
+
+    for step in 1 .. steps:                     (fewer if the reader runs out of batches)
+        batch  = next(reader)                   Batch: dense B x N, labels B x T, KJT + IKJTs
+        logits = model(batch.dense, batch.sparse)                               B x T
+        loss   = bce(logits, batch.labels); loss.backward(); adam.step()
+        every log_every steps:  metrics.jsonl line (loss, samples/s, peak memory), progress
+        every eval_every steps: loss / NE / AUC on the held-out partitions
+        hooks.after_step(trainer, step, loss)   (checkpoints, signals: issue 5)
+    loss.png, train.json
+
+Determinism: ``train.seed`` seeds torch before the model is built and (unless ``reader.seed``
+is given) the reader's shuffle; nothing afterwards draws random numbers (dropout is 0), and
+the reader's batch order is canonical whatever its worker timing. So a config + seed gives
+bit-identical losses on the same machine and thread count.
+
+State for checkpoints (issue 5): :meth:`Trainer.capture_state` at a step boundary holds
+everything a bit-exact resume needs (model, optimizer with its step counter, reader position,
+RNG), :meth:`Trainer.restore_state` puts it back; a :class:`StepHook` runs after every step
+and may call :meth:`Trainer.request_stop`. The flat checkpoint regions come from
+``trainer.optimizer.export_state()`` (``recd.optim.ModelAdam``).
+
+Several processes (``train.world_size > 1``, launched by ``recd train --nproc N``): each rank
+reads its share of the units (``reader.rank``/``world_size``), every rank runs the same number
+of steps (the minimum over ranks) and the logged loss is the mean over all rows of all ranks.
+The tables are sharded by torchrec's DistributedModelParallel with the plan ``train.sharding``
+(``data_parallel`` replicates them), the dense layers run under DDP, and
+:class:`recd.train.sharding.ShardedAdam` updates everything (:mod:`recd.train.sharding`).
+Evaluation: every rank reads the whole held-out range (identical batches, as DMP's
+collectives need).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from models import DLRM, ModelConfig, bce_loss, dlrm_config, rm1_config
+from recd.batch import Batch
+from recd.errors import ConfigError
+from recd.optim import FlatState, ModelAdam
+from recd.progress import progress_bar
+from recd.reader import ReaderConfig, ResumableLoader, build_plan
+from recd.schema import Catalogue, SparseKind
+from recd.train.config import TrainConfig, load_train_config
+from recd.train.launch import DistContext, destroy_distributed, in_torchrun, init_distributed
+from recd.train.metrics import (
+    bce_from_logits,
+    normalized_entropy,
+    peak_cuda_bytes,
+    peak_rss_bytes,
+    roc_auc,
+)
+
+__all__ = [
+    "METRICS_FILE",
+    "PLOT_FILE",
+    "SUMMARY_FILE",
+    "EvalResult",
+    "StepHook",
+    "TrainResult",
+    "TrainState",
+    "Trainer",
+    "format_summary",
+    "run_training",
+    "train_from_pipeline",
+]
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+PLOT_FILE = "loss.png"
+SUMMARY_FILE = "train.json"
+
+
+# ---------------------------------------------------------------------------- results
+@dataclass(kw_only=True, slots=True)
+class EvalResult:
+    """Metrics of the model on the held-out partitions at one step."""
+
+    step: int
+    """Optimizer steps completed when evaluated."""
+    loss: float
+    """Mean BCE (nats) over every held-out row (and label)."""
+    ne: float
+    """Normalized entropy: ``loss / H(base rate)`` (mean over labels); 1.0 = predicting the
+    base rate."""
+    auc: float
+    """ROC AUC (mean over labels); 0.5 = chance."""
+    rows: int
+    """Held-out rows evaluated."""
+    base_rate: float
+    """Mean label of those rows."""
+    seconds: float
+    """Wall time of the evaluation."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainResult:
+    """What a training run did, measured."""
+
+    first_step: int
+    """Steps already done when this run started (0 unless resumed)."""
+    steps: int
+    """Optimizer steps completed at the end."""
+    losses: list[float]
+    """Training loss of each step of this run (steps ``first_step + 1 .. steps``)."""
+    evals: list[EvalResult]
+    """Every evaluation, in step order."""
+    samples: int
+    """Training rows consumed by this run (all ranks)."""
+    train_s: float
+    """Wall time of the training steps (reading included, evaluation excluded)."""
+    wall_s: float
+    """Wall time of :meth:`Trainer.train` (everything)."""
+    peak_rss_bytes: int
+    """Peak resident memory of rank 0's process."""
+    peak_cuda_bytes: int | None
+    """``torch.cuda.max_memory_allocated`` of rank 0 (None on CPU)."""
+    world_size: int
+    """Trainer processes."""
+    run_dir: Path
+    """Where the files below were written (by rank 0)."""
+    stop_reason: str | None = None
+    """Why training stopped before ``train.steps`` (None: it did not)."""
+
+    @property
+    def samples_per_s(self) -> float:
+        """Training throughput of the whole job (rows / training wall time)."""
+        return self.samples / self.train_s if self.train_s > 0 else math.nan
+
+    @property
+    def final_eval(self) -> EvalResult | None:
+        """The last evaluation, if any."""
+        return self.evals[-1] if self.evals else None
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.run_dir / METRICS_FILE
+
+    @property
+    def plot_path(self) -> Path:
+        return self.run_dir / PLOT_FILE
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (per-step losses are in ``metrics.jsonl`` / the plot)."""
+        first = self.losses[: min(10, len(self.losses))]
+        last = self.losses[-min(10, len(self.losses)) :]
+        return {
+            "first_step": self.first_step,
+            "steps": self.steps,
+            "loss_first10_mean": float(np.mean(first)) if first else None,
+            "loss_last10_mean": float(np.mean(last)) if last else None,
+            "evals": [e.to_dict() for e in self.evals],
+            "samples": self.samples,
+            "train_s": self.train_s,
+            "wall_s": self.wall_s,
+            "samples_per_s": self.samples_per_s,
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "peak_cuda_bytes": self.peak_cuda_bytes,
+            "world_size": self.world_size,
+            "run_dir": str(self.run_dir),
+            "stop_reason": self.stop_reason,
+        }
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainState:
+    """Everything a bit-exact resume needs, captured at a step boundary (copies)."""
+
+    step: int
+    """Optimizer steps completed."""
+    params: FlatState
+    """Weights, Adam m and v of every parameter in the logical (checkpoint) order, and the
+    optimizer's step counter: the content of a ``step_NNNNNN.bin`` checkpoint."""
+    reader: dict[str, Any]
+    """``ResumableLoader.state_dict()`` of this rank: where its next batch starts."""
+    rng: torch.Tensor
+    """``torch.get_rng_state()``."""
+
+
+class StepHook(Protocol):
+    """Called after every optimizer step, at the step boundary (after logging and eval)."""
+
+    def after_step(self, trainer: Trainer, step: int, loss: float) -> None:
+        """``step``: steps completed; ``loss``: that step's training loss (all ranks' mean)."""
+
+
+# ---------------------------------------------------------------------------- trainer
+class Trainer:
+    """Builds the reader, the model and Adam from a :class:`TrainConfig`, then trains.
+
+    Args:
+        config: the job.
+        dist: this process's place in a multi-process job (None: one process).
+        hooks: run after every step (checkpointing, signal handling).
+        show_progress: progress display on rank 0 (tqdm on stderr).
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        dist: DistContext | None = None,
+        hooks: Sequence[StepHook] = (),
+        show_progress: bool = True,
+    ) -> None:
+        self.config = config
+        self.dist = dist
+        self.world_size = 1 if dist is None else dist.world_size
+        self.rank = 0 if dist is None else dist.rank
+        self.is_main = self.rank == 0
+        self.hooks = list(hooks)
+        self.show_progress = show_progress and self.is_main
+        self.device = _resolve_device(config.train.device, dist)
+        if config.train.num_threads is not None:
+            torch.set_num_threads(config.train.num_threads)
+        self.step = 0
+        """Optimizer steps completed."""
+        self._stop_reason: str | None = None
+        self._batches: Iterator[Batch] | None = None
+
+        self.catalogue, self.reader_config = _prepare_reader(config, self.rank, self.world_size)
+        self.loader = ResumableLoader(self.reader_config)
+        self.eval_loader: ResumableLoader | None = None
+        self._eval_start: dict[str, Any] | None = None
+        if config.eval is not None:
+            eval_config = dataclasses.replace(
+                config.eval_reader(), preprocessing=self.reader_config.preprocessing
+            )
+            self.eval_loader = ResumableLoader(eval_config)
+            self._eval_start = self.eval_loader.state_dict()
+
+        torch.manual_seed(config.train.seed)  # the same seed builds the same weights
+        self.model_config = build_model_config(config, self.catalogue)
+        self.model = DLRM(self.model_config, device=self.device)
+        """The logical model; with several processes ``train_model`` (DMP) shards its tables
+        in place."""
+        self.train_model, self.eval_model, self.optimizer = _parallelize(self.model, config, dist)
+
+    # ------------------------------------------------------------------ one step
+    def train_step(self, batch: Batch) -> tuple[float, int]:
+        """Forward, backward and Adam on one batch; returns (loss, rows) over all ranks."""
+        self.train_model.train()
+        logits = self.train_model(batch.dense, batch.sparse)  # B x T
+        loss = bce_loss(logits, batch.labels)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        if self.dist is None:
+            return loss.item(), batch.batch_size
+        import torch.distributed as tdist
+
+        rows = float(batch.batch_size)
+        totals = torch.tensor([loss.item() * rows, rows], dtype=torch.float64, device=self.device)
+        tdist.all_reduce(totals)
+        return float(totals[0] / totals[1]), int(totals[1])
+
+    @torch.no_grad()
+    def evaluate(self) -> EvalResult:
+        """Loss, NE and AUC on the held-out partitions (at most ``eval.max_batches``)."""
+        if self.eval_loader is None or self._eval_start is None or self.config.eval is None:
+            raise ConfigError("eval: this config has no [eval] table")
+        began = time.perf_counter()
+        self.eval_loader.load_state_dict(self._eval_start)  # always the same batches
+        self.eval_model.eval()
+        logits, labels = [], []
+        batches = itertools.islice(self.eval_loader, self.config.eval.max_batches)
+        for batch in batches:
+            batch = batch.to(self.device)
+            logits.append(self.eval_model(batch.dense, batch.sparse).float().cpu())  # B x T
+            labels.append(batch.labels.cpu())
+        if not logits:
+            raise ConfigError(f"eval: no rows in the held-out range of {self.config.reader.table}")
+        x = torch.cat(logits).double().numpy()  # N x T
+        y = torch.cat(labels).double().numpy()  # N x T
+        tasks = range(y.shape[1])
+        return EvalResult(
+            step=self.step,
+            loss=bce_from_logits(x, y),
+            ne=float(np.mean([normalized_entropy(x[:, t], y[:, t]) for t in tasks])),
+            auc=float(np.mean([roc_auc(x[:, t], y[:, t]) for t in tasks])),
+            rows=int(y.shape[0]),
+            base_rate=float(y.mean()),
+            seconds=time.perf_counter() - began,
+        )
+
+    # ------------------------------------------------------------------ the loop
+    def train(self) -> TrainResult:
+        """Train from ``self.step`` to ``train.steps`` (see the module docstring)."""
+        cfg = self.config.train
+        began = time.perf_counter()
+        first_step = self.step
+        total = self._planned_steps()
+        run_dir = cfg.run_dir
+        writer = _MetricsWriter(run_dir / METRICS_FILE, fresh=first_step == 0, enabled=self.is_main)
+        if self.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        losses: list[float] = []
+        evals: list[EvalResult] = []
+        samples = 0
+        train_s = 0.0
+        window = _Window()
+        self._batches = iter(self.loader)
+        bar = (
+            progress_bar(desc="train", total=total, unit="step")
+            if self.show_progress
+            else tqdm(disable=True)
+        )
+        with bar:
+            bar.update(first_step)
+            while self.step < total and self._stop_reason is None:
+                t0 = time.perf_counter()
+                batch = next(self._batches).to(self.device)
+                loss, rows = self.train_step(batch)
+                dt = time.perf_counter() - t0
+                self.step += 1
+                losses.append(loss)
+                samples += rows
+                train_s += dt
+                window.add(loss, rows, dt)
+                bar.update(1)
+                if self.step % cfg.log_every == 0 or self.step == total:
+                    record = self._log_record(window)
+                    writer.write(record)
+                    bar.set_postfix(
+                        loss=f"{record['loss']:.4f}", sps=f"{record['samples_per_s']:.0f}"
+                    )
+                    window = _Window()
+                if self._eval_due(total):
+                    evals.append(self._evaluate_and_record(writer))
+                for hook in self.hooks:
+                    hook.after_step(self, self.step, loss)
+        if self.step < cfg.steps and self._stop_reason is None:
+            self._stop_reason = f"the reader ran out of batches after step {self.step}"
+        result = TrainResult(
+            first_step=first_step,
+            steps=self.step,
+            losses=losses,
+            evals=evals,
+            samples=samples,
+            train_s=train_s,
+            wall_s=time.perf_counter() - began,
+            peak_rss_bytes=peak_rss_bytes(),
+            peak_cuda_bytes=peak_cuda_bytes(self.device),
+            world_size=self.world_size,
+            run_dir=run_dir,
+            stop_reason=self._stop_reason,
+        )
+        if self.is_main:
+            self._write_outputs(result)
+        return result
+
+    def request_stop(self, reason: str) -> None:
+        """Stop after the step in flight (called by hooks, e.g. on SIGTERM)."""
+        self._stop_reason = reason
+
+    # ------------------------------------------------------------------ state
+    def capture_state(self) -> TrainState:
+        """A copy of the resumable state at the current step boundary.
+
+        Several processes: a collective (every rank must call it); it gathers the whole
+        logical model on every rank, which suits tests and small models. A checkpoint writer
+        writes each rank's ``optimizer.local_shards()`` instead.
+        """
+        if isinstance(self.optimizer, ModelAdam):
+            params = self.optimizer.export_state()
+        else:
+            params = self.optimizer.gather_flat()
+        return TrainState(
+            step=self.step,
+            params=params,
+            reader=self.loader.state_dict(),
+            rng=torch.get_rng_state(),
+        )
+
+    def restore_state(self, state: TrainState) -> None:
+        """Continue from ``state`` (captured by a trainer of the same config; any world size
+        for the parameters, the same one for the reader position)."""
+        if state.params.step != state.step:
+            raise ConfigError(
+                f"train state: optimizer step {state.params.step} != trainer step {state.step}"
+            )
+        self.optimizer.load_state(state.params)
+        self.loader.load_state_dict(state.reader)
+        torch.set_rng_state(state.rng)
+        self.step = state.step
+
+    def close(self) -> None:
+        """Stop the reader's worker processes and release the optimizer's hooks."""
+        close = getattr(self._batches, "close", None)  # a generator: closing it ends workers
+        if close is not None:
+            close()
+        self._batches = None
+        close_optimizer = getattr(self.optimizer, "close", None)  # ShardedAdam's hooks
+        if close_optimizer is not None:
+            close_optimizer()
+
+    # ------------------------------------------------------------------ helpers
+    def _planned_steps(self) -> int:
+        """``train.steps``, or fewer if some rank's reader has fewer batches left."""
+        left = len(self.loader)
+        if self.dist is not None:
+            import torch.distributed as tdist
+
+            t = torch.tensor([left], dtype=torch.int64, device=self.device)
+            tdist.all_reduce(t, op=tdist.ReduceOp.MIN)
+            left = int(t.item())
+        planned = min(self.config.train.steps, self.step + left)
+        if planned < self.config.train.steps:
+            log.warning(
+                "train.steps = %d but the reader has %d batches left (per rank) after step %d: "
+                "training stops at step %d (raise reader.num_epochs for more)",
+                self.config.train.steps,
+                left,
+                self.step,
+                planned,
+            )
+        return planned
+
+    def _evaluate_and_record(self, writer: _MetricsWriter) -> EvalResult:
+        result = self.evaluate()
+        writer.write({"kind": "eval", **result.to_dict()})
+        log.info(
+            "step %d: held-out loss %.4f NE %.4f AUC %.4f (%d rows)",
+            *(self.step, result.loss, result.ne, result.auc, result.rows),
+        )
+        return result
+
+    def _eval_due(self, total: int) -> bool:
+        if self.eval_loader is None:
+            return False
+        every = self.config.train.eval_every
+        return self.step == total or (every > 0 and self.step % every == 0)
+
+    def _log_record(self, window: _Window) -> dict[str, Any]:
+        record: dict[str, Any] = {
+            "kind": "train",
+            "step": self.step,
+            "loss": window.mean_loss,
+            "loss_last": window.last_loss,
+            "samples_per_s": window.samples_per_s,
+            "peak_rss_bytes": peak_rss_bytes(),
+        }
+        cuda = peak_cuda_bytes(self.device)
+        if cuda is not None:
+            record["peak_cuda_bytes"] = cuda
+        return record
+
+    def _write_outputs(self, result: TrainResult) -> None:
+        summary = {"config": self.config.to_dict(), "result": result.to_dict()}
+        path = result.run_dir / SUMMARY_FILE
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(summary, indent=1, default=str))
+        os.replace(tmp, path)
+        if self.config.train.plot:
+            write_loss_plot(result, result.run_dir / PLOT_FILE)
+
+
+@dataclass(slots=True)
+class _Window:
+    """Losses, rows and seconds since the last log line."""
+
+    losses: list[float] = field(default_factory=list)
+    rows: int = 0
+    seconds: float = 0.0
+
+    def add(self, loss: float, rows: int, seconds: float) -> None:
+        self.losses.append(loss)
+        self.rows += rows
+        self.seconds += seconds
+
+    @property
+    def mean_loss(self) -> float:
+        return float(np.mean(self.losses)) if self.losses else math.nan
+
+    @property
+    def last_loss(self) -> float:
+        return self.losses[-1] if self.losses else math.nan
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else math.nan
+
+
+class _MetricsWriter:
+    """``metrics.jsonl``: one JSON object per line, flushed per line (rank 0 only)."""
+
+    def __init__(self, path: Path, *, fresh: bool, enabled: bool) -> None:
+        self.path = path
+        self.enabled = enabled
+        if enabled:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if fresh:
+                path.write_text("")
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with self.path.open("a") as f:
+            f.write(json.dumps(record, allow_nan=True) + "\n")
+
+
+# ---------------------------------------------------------------------------- building
+def _resolve_device(name: str, dist: DistContext | None) -> torch.device:
+    if dist is not None:
+        return dist.device
+    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ConfigError("train.device: cuda, but no CUDA device is available")
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
+def _prepare_reader(
+    config: TrainConfig, rank: int, world_size: int
+) -> tuple[Catalogue, ReaderConfig]:
+    """The table's catalogue (restricted to the read columns) and this rank's reader config:
+    rank / world_size set, ``hash_modulo`` added for features larger than ``max_rows``."""
+    reader = dataclasses.replace(config.reader, rank=rank, world_size=world_size)
+    plan = build_plan(reader)
+    if plan.catalogue is None:
+        raise ConfigError(
+            f"reader.table: {reader.table} has no recd catalogue in its Parquet metadata; "
+            "the trainer builds the model from it (write the table with `recd etl`)"
+        )
+    catalogue = dataclasses.replace(
+        plan.catalogue,
+        labels=list(plan.labels),
+        dense=[plan.catalogue.dense[plan.catalogue.dense_names.index(n)] for n in plan.dense],
+        sparse=[plan.catalogue.sparse_feature(n) for n in plan.sparse],
+    )
+    max_rows = config.model.max_rows
+    hashed: dict[str, int] = {}
+    for spec in reader.preprocessing:
+        if spec["kind"] == "hash_modulo":
+            hashed.update({f: int(spec["modulo"]) for f in spec["features"]})
+    for name, modulo in hashed.items():
+        cardinality = catalogue.sparse_feature(name).cardinality
+        if cardinality > max_rows and modulo > max_rows:
+            raise ConfigError(
+                f"reader.preprocessing: hash_modulo of {name!r} by {modulo} leaves ids up to "
+                f"{modulo - 1}, but its table has model.max_rows = {max_rows} rows"
+            )
+    too_big = [
+        f.name for f in catalogue.sparse if f.cardinality > max_rows and f.name not in hashed
+    ]
+    if too_big and config.model.hash_ids:
+        spec = {"kind": "hash_modulo", "features": too_big, "modulo": max_rows}
+        reader = dataclasses.replace(reader, preprocessing=[*reader.preprocessing, spec])
+    elif too_big:
+        raise ConfigError(
+            f"model.max_rows = {max_rows} is below the cardinality of {too_big}: set "
+            "model.hash_ids = true or hash them in reader.preprocessing"
+        )
+    return catalogue, reader
+
+
+def build_model_config(config: TrainConfig, catalogue: Catalogue) -> ModelConfig:
+    """The :class:`models.ModelConfig` of ``[model]`` for the table's catalogue."""
+    m = config.model
+    common: dict[str, Any] = {
+        "embedding_dim": m.embedding_dim,
+        "max_rows": m.max_rows,
+        "bottom_mlp": m.bottom_mlp,
+        "top_mlp": m.top_mlp,
+        "dedup": m.dedup,
+    }
+    if m.top_mlp is not None and m.top_mlp[-1] != len(catalogue.labels):
+        raise ConfigError(
+            f"model.top_mlp: the last size {m.top_mlp[-1]} must equal the number of labels "
+            f"({len(catalogue.labels)}: {catalogue.labels})"
+        )
+    if m.kind == "dlrm":
+        return dlrm_config(catalogue, **common)
+    longest = max(
+        (f.max_length for f in catalogue.sparse if f.kind is SparseKind.HISTORY), default=1
+    )
+    return rm1_config(
+        catalogue, sequence=m.sequence.to_sequence_config(longest_history=longest), **common
+    )
+
+
+def _parallelize(
+    model: DLRM, config: TrainConfig, dist: DistContext | None
+) -> tuple[nn.Module, nn.Module, Any]:
+    """(model to train, model to evaluate, optimizer) for one process or several.
+
+    One process: the DLRM and :class:`recd.optim.ModelAdam`. Several: torchrec's DMP shards
+    the tables by ``train.sharding`` (DDP for the rest) and :class:`ShardedAdam` updates them
+    (:mod:`recd.train.sharding`). Both optimizers have ``zero_grad``, ``step``, ``step_count``
+    and ``load_state(FlatState)``.
+    """
+    adam = config.optim.to_adam()
+    if dist is None:
+        return model, model, ModelAdam.for_model(model, adam)
+    from recd.train.sharding import ShardedAdam, shard_model
+
+    sharded = shard_model(model, plan=config.train.sharding, device=dist.device, adam=adam)
+    return sharded, sharded, ShardedAdam(sharded, adam)
+
+
+# ---------------------------------------------------------------------------- outputs
+def write_loss_plot(result: TrainResult, path: Path) -> Path:
+    """PNG of the training loss per step (and its running mean) and the eval losses."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = np.arange(result.first_step + 1, result.first_step + 1 + len(result.losses))
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    try:
+        ax.plot(steps, result.losses, color="tab:blue", alpha=0.3, lw=0.8, label="train loss")
+        if len(result.losses) >= 2:
+            k = max(1, min(20, len(result.losses) // 10))
+            smooth = np.convolve(result.losses, np.ones(k) / k, mode="valid")
+            ax.plot(steps[k - 1 :], smooth, color="tab:blue", lw=1.8, label=f"mean of {k}")
+        if result.evals:
+            ax.plot(
+                [e.step for e in result.evals],
+                [e.loss for e in result.evals],
+                "o-",
+                color="tab:red",
+                label="held-out loss",
+            )
+        title = f"{result.steps} steps, {result.samples_per_s:,.0f} samples/s"
+        if result.final_eval is not None:
+            title += f", held-out NE {result.final_eval.ne:.3f}, AUC {result.final_eval.auc:.3f}"
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.set_ylabel("BCE loss")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def format_summary(result: TrainResult) -> str:
+    """A few lines for the terminal."""
+    lines = [
+        f"trained {result.steps - result.first_step} steps ({result.samples:,} samples, "
+        f"{result.world_size} process{'es' if result.world_size > 1 else ''}): "
+        f"{result.samples_per_s:,.0f} samples/s, peak RSS {result.peak_rss_bytes / 2**20:,.0f} MiB"
+        + (
+            f", peak CUDA {result.peak_cuda_bytes / 2**20:,.0f} MiB"
+            if result.peak_cuda_bytes is not None
+            else ""
+        ),
+    ]
+    if result.losses:
+        head = float(np.mean(result.losses[:10]))
+        tail = float(np.mean(result.losses[-10:]))
+        lines.append(f"train loss {head:.4f} (first 10 steps) -> {tail:.4f} (last 10)")
+    if result.final_eval is not None:
+        e = result.final_eval
+        lines.append(
+            f"held-out ({e.rows:,} rows, base rate {e.base_rate:.3f}): loss {e.loss:.4f}, "
+            f"NE {e.ne:.4f}, AUC {e.auc:.4f}"
+        )
+    if result.stop_reason:
+        lines.append(f"stopped early: {result.stop_reason}")
+    lines.append(f"metrics: {result.metrics_path}  plot: {result.plot_path}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- entry points
+def run_training(
+    config: TrainConfig,
+    *,
+    hooks: Sequence[StepHook] = (),
+    show_progress: bool = True,
+) -> TrainResult:
+    """Train ``config`` in this process; inside a torchrun worker, as its rank of the job.
+
+    ``train.world_size > 1`` must run under torchrun (``recd train --nproc N`` launches it).
+    """
+    dist: DistContext | None = None
+    if in_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
+        dist = init_distributed(config.train.device)
+        config.train.world_size = dist.world_size
+    elif config.train.world_size > 1:
+        raise ConfigError(
+            f"train.world_size = {config.train.world_size} needs torchrun: run "
+            "`recd train --nproc N` (or set train.world_size = 1)"
+        )
+    try:
+        trainer = Trainer(config, dist=dist, hooks=hooks, show_progress=show_progress)
+        try:
+            return trainer.train()
+        finally:
+            trainer.close()
+    finally:
+        if dist is not None:
+            destroy_distributed()
+
+
+def train_from_pipeline(
+    work_dir: Path,
+    config_path: Path,
+    *,
+    dedup_sparse_features: list[list[str]] | None = None,
+    steps: int | None = None,
+    show_progress: bool = True,
+) -> TrainResult:
+    """The ``make run`` training stage: train ``config_path`` on ``work_dir/table``.
+
+    The config's ``[reader] table`` and ``[train] run_dir`` are replaced by ``work_dir/table``
+    and ``work_dir/train``; ``dedup_sparse_features`` (the analysis' proposal,
+    ``TableAnalysis.dedup_sparse_features``) replaces the reader's groups when given.
+    """
+    config = load_train_config(config_path)
+    reader = dataclasses.replace(config.reader, table=str(Path(work_dir) / "table"))
+    if dedup_sparse_features is not None:
+        reader = dataclasses.replace(
+            reader, dedup_sparse_features=[list(g) for g in dedup_sparse_features]
+        )
+    config.reader = reader
+    config.train.run_dir = Path(work_dir) / "train"
+    if steps is not None:
+        config.train.steps = steps
+    return run_training(config, show_progress=show_progress)
