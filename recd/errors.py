@@ -65,3 +65,9 @@ class BadLineError(BadRowError):
         self.line = line
         where = f"field {field!r}: " if field else ""
         self.args = (f"{path}: line {line}: {where}{problem}",)
+
+
+class UndoError(RecdError):
+    """An optimizer step cannot be captured or undone as asked: an optimizer or option with no
+    inverse (e.g. AMSGrad), or a record whose post-update state no longer matches the live
+    tensors (already undone, or another step ran since). Names the parameter and the reason."""

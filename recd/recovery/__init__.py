@@ -1,0 +1,38 @@
+"""Failure recovery (SwIFT, ``shared/specs/recovery.md``).
+
+- :mod:`recd.recovery.undo`: update-undo: :func:`step_with_undo` / :class:`UndoLog` capture
+  an optimizer step, :func:`undo_step` takes it back bit-exactly (Adam, AdamW, LazyAdam rows,
+  SGD with momentum, ModelAdam), without a per-step snapshot;
+- :mod:`recd.recovery.entries`: per updated parameter / table rows, what a record keeps and
+  how it is taken back;
+- :mod:`recd.recovery.inverse`: the inverse algebra of each update;
+- :mod:`recd.recovery.bits`: ulp distances, checksums and the sparse corrections that make
+  the float inverse exact;
+- :mod:`recd.recovery.measure`: the pure inverse's error and the record's memory on a real
+  DLRM (``python -m recd.recovery.measure``).
+"""
+
+from recd.recovery.bits import Correction, Inexactness, measure_inexactness, ulp_distance
+from recd.recovery.undo import (
+    CounterUndo,
+    UndoLog,
+    UndoRecord,
+    UndoResult,
+    step_with_undo,
+    undo_step,
+    update_rows_with_undo,
+)
+
+__all__ = [
+    "Correction",
+    "CounterUndo",
+    "Inexactness",
+    "UndoLog",
+    "UndoRecord",
+    "UndoResult",
+    "measure_inexactness",
+    "step_with_undo",
+    "ulp_distance",
+    "undo_step",
+    "update_rows_with_undo",
+]

@@ -1,0 +1,376 @@
+"""What an undo record holds for each updated tensor group, and how each one is taken back.
+
+One :class:`ParamUndo` subclass per update: :class:`AdamParamUndo` (``torch.optim.Adam`` /
+``AdamW``, one parameter), :class:`LazyRowsUndo` (row-sparse Adam, the touched rows of one
+table or shard), :class:`SgdParamUndo` (``torch.optim.SGD``, one parameter); plus
+:class:`CounterUndo` for step counters. The design (what is kept, the corrections, the
+checksums) is in :mod:`recd.recovery.undo`; the inverse formulas in
+:mod:`recd.recovery.inverse`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from recd.errors import UndoError
+from recd.recovery.bits import Correction, Inexactness, bits_checksum, measure_inexactness
+from recd.recovery.inverse import (
+    adam_second_moment_before,
+    adam_weight_before,
+    lazy_adam_second_moment_before,
+    lazy_adam_weight_before,
+    sgd_weight_before,
+)
+
+__all__ = [
+    "AdamHyper",
+    "AdamParamUndo",
+    "CounterUndo",
+    "LazyHyper",
+    "LazyRowsUndo",
+    "ParamUndo",
+    "SgdHyper",
+    "SgdParamUndo",
+]
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().reshape(-1)
+
+
+def _nbytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+@dataclass(kw_only=True, slots=True, eq=False)
+class ParamUndo:
+    """Undo of one update of a parameter (or of some rows of a table) and its optimizer state.
+
+    Subclasses say which tensors the update changed (``_after``), how the inverse computes
+    their pre-update values (``_candidates``) and how to put them back (``_write``). The
+    pre-update tensors, in ``roles`` order, are flat float32; ``None`` among the candidates
+    marks a tensor that did not exist before the step (first step: no optimizer state).
+    """
+
+    name: str
+    """Parameter name (``rows`` of a table: the table's name)."""
+    step: int | None
+    """The step counter the update used (Adam, LazyAdam: t >= 1; SGD: None)."""
+    roles: tuple[str, ...] = ()
+    """Names of the pre-update tensors: ``weight`` first, then optimizer state."""
+    fixes: list[Correction | None] = field(default_factory=list)
+    """Per role: the correction of the inverse's candidate (None: kept exactly)."""
+    pre_sums: list[int] = field(default_factory=list)
+    """Checksums of the pre-update tensors (what a correct undo must reproduce)."""
+    post_sums: list[int] = field(default_factory=list)
+    """Checksums of ``_after()`` at capture (the state an undo expects to find)."""
+    inexactness: dict[str, Inexactness] = field(default_factory=dict)
+    """Per role, the pure inverse's distance from the truth (capture with ``measure=True``)."""
+
+    # -- what subclasses provide
+    def _after(self) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def _candidates(self, after: list[torch.Tensor]) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def _write(self, before: list[torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    @property
+    def kept_nbytes(self) -> int:
+        """Bytes of what the inverse needs besides the post-update state."""
+        raise NotImplementedError
+
+    @property
+    def elements(self) -> int:
+        """Weight elements the update changed."""
+        raise NotImplementedError
+
+    # -- shared mechanics
+    @property
+    def correction_nbytes(self) -> int:
+        return sum(f.nbytes for f in self.fixes if f is not None)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this entry holds (kept tensors + corrections)."""
+        return self.kept_nbytes + self.correction_nbytes
+
+    @property
+    def snapshot_nbytes(self) -> int:
+        """Bytes a snapshot of the same pre-update tensors would hold."""
+        return 4 * self.elements * len(self.roles)
+
+    def finish(self, before: list[torch.Tensor], *, measure: bool = False) -> None:
+        """At capture, right after the step: corrections of the candidates against ``before``."""
+        with torch.no_grad():
+            after = self._after()
+            candidates = self._candidates(after)
+            self.fixes = []
+            for role, cand, true in zip(self.roles, candidates, before, strict=True):
+                if cand is true:
+                    self.fixes.append(None)
+                    continue
+                if measure:
+                    self.inexactness[role] = measure_inexactness(cand, true)
+                self.fixes.append(Correction.between(cand, true))
+            self.pre_sums = [bits_checksum(t) for t in before]
+            self.post_sums = [bits_checksum(t) for t in after]
+
+    def rollback(self, before: list[torch.Tensor]) -> None:
+        """Put the pre-update tensors back (the step raised part-way)."""
+        with torch.no_grad():
+            self._write(before)
+
+    def check_after(self) -> None:
+        """Raise :class:`UndoError` unless the live state is the captured post-update state."""
+        with torch.no_grad():
+            sums = [bits_checksum(t) for t in self._after()]
+        if sums != self.post_sums:
+            raise UndoError(
+                f"{self.name}: its weights or optimizer state changed since the step was "
+                "captured (already undone, or another step ran); cannot undo"
+            )
+
+    def undo(self) -> bool:
+        """Restore the pre-update tensors; True when their checksums match the captured ones."""
+        with torch.no_grad():
+            candidates = self._candidates(self._after())
+            before = [
+                cand if fix is None else fix.apply(cand)
+                for cand, fix in zip(candidates, self.fixes, strict=True)
+            ]
+            self._write(before)
+            return [bits_checksum(t) for t in before] == self.pre_sums
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class AdamHyper:
+    """The hyper-parameters an Adam inverse needs (one param group's)."""
+
+    lr: float
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    decoupled: bool
+    """AdamW (decay applied to the weight) rather than L2 (added to the gradient)."""
+
+
+@dataclass(kw_only=True, slots=True, eq=False)
+class AdamParamUndo(ParamUndo):
+    """One ``torch.optim.Adam``/``AdamW`` update of one parameter."""
+
+    param: torch.Tensor
+    optimizer: torch.optim.Optimizer
+    hyper: AdamHyper
+    exp_avg_before: torch.Tensor | None
+    """Flat m before the step, kept; None when the parameter had no state (first step)."""
+
+    def _after(self) -> list[torch.Tensor]:
+        state = self.optimizer.state.get(self.param, {})
+        if "exp_avg" not in state or int(state["step"]) != self.step:
+            raise UndoError(f"{self.name}: Adam state is not at step {self.step}; cannot undo")
+        return [_flat(self.param), _flat(state["exp_avg"]), _flat(state["exp_avg_sq"])]
+
+    def _candidates(self, after: list[torch.Tensor]) -> list[torch.Tensor]:
+        w, m, v = after
+        h = self.hyper
+        assert self.step is not None
+        weight = adam_weight_before(
+            w,
+            m,
+            v,
+            lr=h.lr,
+            beta1=h.beta1,
+            beta2=h.beta2,
+            eps=h.eps,
+            weight_decay=h.weight_decay,
+            decoupled=h.decoupled,
+            step=self.step,
+        )
+        if self.exp_avg_before is None:
+            return [weight]
+        v_before = adam_second_moment_before(
+            v, m, self.exp_avg_before, beta1=h.beta1, beta2=h.beta2
+        )
+        return [weight, self.exp_avg_before, v_before]
+
+    def _write(self, before: list[torch.Tensor]) -> None:
+        self.param.copy_(before[0].view_as(self.param))
+        if self.exp_avg_before is None:
+            self.optimizer.state.pop(self.param, None)
+            return
+        assert self.step is not None
+        state = self.optimizer.state[self.param]
+        state["exp_avg"].copy_(before[1].view_as(self.param))
+        state["exp_avg_sq"].copy_(before[2].view_as(self.param))
+        state["step"].fill_(self.step - 1)
+
+    @property
+    def kept_nbytes(self) -> int:
+        return _nbytes(self.exp_avg_before)
+
+    @property
+    def elements(self) -> int:
+        return self.param.numel()
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class LazyHyper:
+    """The hyper-parameters of a LazyAdam (fbgemm ADAM) update."""
+
+    lr: float
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+
+
+@dataclass(kw_only=True, slots=True, eq=False)
+class LazyRowsUndo(ParamUndo):
+    """One row-sparse Adam update of the touched rows of one table (or table shard)."""
+
+    weight: torch.Tensor
+    exp_avg: torch.Tensor
+    exp_avg_sq: torch.Tensor
+    """The live (num_rows x E) table and its moments."""
+    rows: torch.Tensor
+    """(R,) int64 unique rows the update touched; no other row changed."""
+    hyper: LazyHyper
+    exp_avg_before: torch.Tensor
+    """(R * E,) m of those rows before the step, kept."""
+
+    def _after(self) -> list[torch.Tensor]:
+        return [_flat(t.index_select(0, self.rows)) for t in self._tables()]
+
+    def _tables(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.weight, self.exp_avg, self.exp_avg_sq
+
+    def _candidates(self, after: list[torch.Tensor]) -> list[torch.Tensor]:
+        w, m, v = after
+        h = self.hyper
+        assert self.step is not None
+        weight = lazy_adam_weight_before(
+            w,
+            m,
+            v,
+            lr=h.lr,
+            beta1=h.beta1,
+            beta2=h.beta2,
+            eps=h.eps,
+            weight_decay=h.weight_decay,
+            step=self.step,
+        )
+        v_before = lazy_adam_second_moment_before(
+            v, m, self.exp_avg_before, beta1=h.beta1, beta2=h.beta2
+        )
+        return [weight, self.exp_avg_before, v_before]
+
+    def _write(self, before: list[torch.Tensor]) -> None:
+        shape = (self.rows.numel(), self.weight.shape[1])
+        for table, rows_before in zip(self._tables(), before, strict=True):
+            table.index_copy_(0, self.rows, rows_before.view(shape))
+
+    @property
+    def kept_nbytes(self) -> int:
+        return _nbytes(self.exp_avg_before) + _nbytes(self.rows)
+
+    @property
+    def elements(self) -> int:
+        return self.rows.numel() * self.weight.shape[1]
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class SgdHyper:
+    """The hyper-parameters of a ``torch.optim.SGD`` update."""
+
+    lr: float
+    momentum: float
+    dampening: float
+    weight_decay: float
+    nesterov: bool
+    maximize: bool
+
+
+@dataclass(kw_only=True, slots=True, eq=False)
+class SgdParamUndo(ParamUndo):
+    """One ``torch.optim.SGD`` update of one parameter."""
+
+    param: torch.Tensor
+    optimizer: torch.optim.Optimizer
+    hyper: SgdHyper
+    buffer_before: torch.Tensor | None
+    """Flat momentum buffer before the step, kept; None without momentum or on the step that
+    created the buffer."""
+    weight_before: torch.Tensor | None
+    """Flat weight before the step, kept only without momentum: the inverse would need the
+    gradient, which costs the same 4 bytes and still misses some elements."""
+
+    def _after(self) -> list[torch.Tensor]:
+        if self.hyper.momentum == 0:
+            return [_flat(self.param)]
+        buffer = self.optimizer.state.get(self.param, {}).get("momentum_buffer")
+        if buffer is None:
+            raise UndoError(f"{self.name}: SGD has no momentum buffer; cannot undo")
+        return [_flat(self.param), _flat(buffer)]
+
+    def _candidates(self, after: list[torch.Tensor]) -> list[torch.Tensor]:
+        h = self.hyper
+        if self.weight_before is not None:
+            return [self.weight_before]
+        weight = sgd_weight_before(
+            after[0],
+            lr=h.lr,
+            momentum=h.momentum,
+            dampening=h.dampening,
+            weight_decay=h.weight_decay,
+            nesterov=h.nesterov,
+            maximize=h.maximize,
+            buffer_after=after[1] if len(after) > 1 else None,
+            buffer_before=self.buffer_before,
+        )
+        return [weight] if self.buffer_before is None else [weight, self.buffer_before]
+
+    def _write(self, before: list[torch.Tensor]) -> None:
+        self.param.copy_(before[0].view_as(self.param))
+        if self.hyper.momentum == 0:
+            return
+        if self.buffer_before is None:
+            self.optimizer.state.pop(self.param, None)
+        else:
+            self.optimizer.state[self.param]["momentum_buffer"].copy_(before[1].view_as(self.param))
+
+    @property
+    def kept_nbytes(self) -> int:
+        return _nbytes(self.buffer_before) + _nbytes(self.weight_before)
+
+    @property
+    def elements(self) -> int:
+        return self.param.numel()
+
+
+@dataclass(kw_only=True, slots=True, eq=False)
+class CounterUndo:
+    """A step counter to put back: ``target[key]`` (a param-group dict) or ``target.key``."""
+
+    target: Any
+    key: str
+    before: int
+    after: int = -1
+    """Its value right after the captured step."""
+
+    def read(self) -> int:
+        if isinstance(self.target, dict):
+            return int(self.target[self.key])
+        return int(getattr(self.target, self.key))
+
+    def write(self, value: int) -> None:
+        if isinstance(self.target, dict):
+            self.target[self.key] = value
+        else:
+            setattr(self.target, self.key, value)
