@@ -27,8 +27,11 @@ from recd.jagged import (
     _column,
     _first_null_row,
     find_distinct_rows,
+    find_distinct_stacked,
     gather_rows,
+    group_slots,
     read_list_column,
+    stack_columns,
     take_rows,
 )
 from recd.schema import Catalogue
@@ -133,19 +136,19 @@ def _plain_kjt(
 def build_ikjt(
     columns: Sequence[JaggedColumn], keys: list[str], *, batch_size: int
 ) -> InverseKeyedJaggedTensor:
-    """Deduplicate one group of columns into an IKJT (distinct rows in first-occurrence order)."""
-    distinct, inverse = find_distinct_rows(columns, batch_size=batch_size)
-    lengths = np.concatenate([c.lengths[distinct] for c in columns])
-    values = np.empty(int(lengths.sum()), dtype=np.int64)
-    start = 0
-    for column in columns:
-        n = int((column.offsets[distinct + 1] - column.offsets[distinct]).sum())
-        gather_rows(column, distinct, out=values[start : start + n])
-        start += n
+    """Deduplicate one group of columns into an IKJT (distinct rows in first-occurrence order).
+
+    The group is stacked key-major once (``stack_columns``), so the dedup and the gather of the
+    distinct rows each run once over all of its keys, however many keys the group has.
+    """
+    stacked = stack_columns(columns)
+    k = len(columns)
+    distinct, inverse = find_distinct_stacked(stacked, num_keys=k, batch_size=batch_size)
+    out = take_rows(stacked, group_slots(distinct, num_keys=k, batch_size=batch_size))
     return InverseKeyedJaggedTensor(
         keys=list(keys),
-        values=torch.from_numpy(values),
-        lengths=torch.from_numpy(lengths),
+        values=torch.from_numpy(out.values),
+        lengths=torch.from_numpy(np.diff(out.offsets)),
         inverse_lookup=torch.from_numpy(inverse),
     )
 

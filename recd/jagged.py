@@ -162,11 +162,14 @@ def _row_hashes(column: JaggedColumn) -> np.ndarray:
     return _mix64(_mix64(row_sum ^ lengths * _POSITION_STEP) + weighted)
 
 
-def _group_hashes(columns: Sequence[JaggedColumn], batch_size: int) -> np.ndarray:
-    key = _row_hashes(columns[0])
-    for column in columns[1:]:
-        key = _mix64(key * _FEATURE_STEP ^ _row_hashes(column))
-    return key
+def _group_hashes(stacked: JaggedColumn, num_keys: int, n_rows: int) -> np.ndarray:
+    """(n_rows,) uint64 key per row: the row hashes of every key of the group (one pass over
+    the stacked column), each salted with its key's position, mixed and summed."""
+    hashes = _row_hashes(stacked).reshape(num_keys, n_rows)
+    if num_keys == 1:
+        return hashes[0]
+    salt = np.arange(1, num_keys + 1, dtype=np.uint64)[:, None] * _FEATURE_STEP
+    return _mix64(_mix64(hashes ^ salt).sum(axis=0, dtype=np.uint64))
 
 
 def _segment_positions(lengths: np.ndarray) -> np.ndarray:
@@ -240,6 +243,37 @@ def _same_as_previous(column: JaggedColumn) -> np.ndarray:
     return same
 
 
+def stack_columns(columns: Sequence[JaggedColumn]) -> JaggedColumn:
+    """The rows of K columns of B rows laid end to end, key-major like a KJT: K * B rows.
+
+    Row ``k * B + i`` is row i of column k; offsets start at 0. One copy of the ids (none for
+    a single column whose offsets already start at 0).
+    """
+    if len(columns) == 1 and int(columns[0].offsets[0]) == 0:
+        return columns[0]
+    lengths = np.concatenate([np.diff(c.offsets) for c in columns])
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    values = np.concatenate([c.values[int(c.offsets[0]) : int(c.offsets[-1])] for c in columns])
+    return JaggedColumn(offsets=offsets, values=values.astype(np.int64, copy=False))
+
+
+def group_slots(rows: np.ndarray, *, num_keys: int, batch_size: int) -> np.ndarray:
+    """(K * len(rows),) rows of a stacked column holding ``rows`` of every key, key-major."""
+    base = np.arange(num_keys, dtype=np.int64)[:, None] * batch_size
+    return (base + np.asarray(rows, dtype=np.int64)[None, :]).reshape(-1)
+
+
+def _unstack(stacked: JaggedColumn, num_keys: int, n_rows: int) -> list[JaggedColumn]:
+    """Views of a stacked column's K columns (offsets slices sharing its values)."""
+    return [
+        JaggedColumn(
+            offsets=stacked.offsets[k * n_rows : (k + 1) * n_rows + 1], values=stacked.values
+        )
+        for k in range(num_keys)
+    ]
+
+
 def take_rows(column: JaggedColumn, rows: np.ndarray) -> JaggedColumn:
     """A compact column of just ``rows`` (offsets from 0, ids copied)."""
     offsets = np.zeros(rows.size + 1, dtype=np.int64)
@@ -247,9 +281,10 @@ def take_rows(column: JaggedColumn, rows: np.ndarray) -> JaggedColumn:
     return JaggedColumn(offsets=offsets, values=gather_rows(column, rows))
 
 
-def _distinct_by_hash(columns: Sequence[JaggedColumn], n_rows: int) -> np.ndarray:
-    """(n_rows,) int64: for each row, the first row with exactly the same ids in every column."""
-    keys = _group_hashes(columns, n_rows)
+def _distinct_by_hash(stacked: JaggedColumn, num_keys: int, n_rows: int) -> np.ndarray:
+    """(n_rows,) int64: for each row, the first row with exactly the same ids in every key of
+    a stacked group (K * n_rows rows, key-major)."""
+    keys = _group_hashes(stacked, num_keys, n_rows)
     order = np.argsort(keys, kind="stable")  # equal keys keep row order: first row leads
     sorted_keys = keys[order]
     starts = np.ones(n_rows, dtype=bool)
@@ -259,8 +294,13 @@ def _distinct_by_hash(columns: Sequence[JaggedColumn], n_rows: int) -> np.ndarra
     rep[order] = leader[np.cumsum(starts) - 1]
     candidates = np.flatnonzero(rep != np.arange(n_rows))
     if candidates.size:
-        collided = candidates[_rows_differ(columns, candidates, rep[candidates])]
+        slots = dict(num_keys=num_keys, batch_size=n_rows)
+        differ = _rows_differ(
+            [stacked], group_slots(candidates, **slots), group_slots(rep[candidates], **slots)
+        )
+        collided = candidates[differ.reshape(num_keys, -1).any(axis=0)]
         if collided.size:
+            columns = _unstack(stacked, num_keys, n_rows)
             rep[collided] = _exact_first_occurrence(columns, collided)
     return rep
 
@@ -281,18 +321,30 @@ def find_distinct_rows(
     occurrence of any content is always the head of a run, so representatives stay the first
     occurrences.
     """
+    return find_distinct_stacked(
+        stack_columns(columns), num_keys=len(columns), batch_size=batch_size
+    )
+
+
+def find_distinct_stacked(
+    stacked: JaggedColumn, *, num_keys: int, batch_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`find_distinct_rows` of a group given as one stacked column (``stack_columns``:
+    K * B rows, key-major), so every step runs once over all keys of the group."""
     if batch_size == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    repeats = np.ones(batch_size, dtype=bool)
-    for column in columns:
-        repeats &= _same_as_previous(column)
+    # Row (k, i) is compared with the row before it, (k, i - 1); for i = 0 that is another
+    # key's last row, and row 0 is never a repeat anyway.
+    repeats = np.logical_and.reduce(_same_as_previous(stacked).reshape(num_keys, batch_size))
+    repeats[0] = False
     if repeats.any():
         heads = np.flatnonzero(~repeats)
-        rep_head = _distinct_by_hash([take_rows(c, heads) for c in columns], heads.size)
+        head_rows = group_slots(heads, num_keys=num_keys, batch_size=batch_size)
+        rep_head = _distinct_by_hash(take_rows(stacked, head_rows), num_keys, heads.size)
         head_of_row = np.cumsum(~repeats) - 1
         rep = heads[rep_head[head_of_row]]
     else:
-        rep = _distinct_by_hash(columns, batch_size)
+        rep = _distinct_by_hash(stacked, num_keys, batch_size)
     # rep[i] <= i is the first row with row i's content, so the distinct rows are the rows
     # that represent themselves, already in order of first occurrence.
     is_first = rep == np.arange(batch_size)

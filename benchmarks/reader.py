@@ -1,0 +1,766 @@
+"""Reader benchmark (RecD O3 + O4, the paper's Figure 10): samples/s of one reader process.
+
+    python benchmarks/reader.py            # rm1-like, 300k rows, batch 2048 (minutes)
+    python benchmarks/reader.py --quick    # rm1-like, 20k rows, batch 512 (CI size)
+
+Data: rm1-like logs are generated, sharded both ways and ETL'd into a clustered table (from
+the session shards, O2) and an unclustered one (arrival order, from the random shards), as
+``recd.pipeline`` does. ``--work-dir`` keeps them for the next run (reused when the same
+rows / seed / shards / row-group size were asked for).
+
+Measured, in one process (``torch.set_num_threads(1)``, pyarrow CPU and IO pools of one
+thread: one reader = one core), for {unclustered, clustered} x {KJT, IKJT}:
+
+- samples/s over the whole table, median of ``--reps`` passes (passes interleaved across
+  configs so that background load spreads evenly), wall clock and process CPU time;
+- the reader's time split into fill (read + decompress + decode + checks), convert (Arrow ->
+  tensors, dedup hashing) and process (preprocessing), per 1k samples and as shares;
+- compressed bytes of the column chunks read per sample;
+- bytes per batch sent to a trainer: ``pickle`` size (the wire format between reader and
+  trainer processes) and ``Batch.wire_bytes()``.
+
+Every config runs the same job: all labels, dense and sparse features of the catalogue;
+``hash_modulo`` of every sparse feature, ``truncate_last`` of the sequence (history)
+features, ``log1p`` of every dense feature. The IKJT configs deduplicate the groups that
+``recd.analyze`` proposes for the clustered table at the benchmark's batch size.
+
+Side by side, the plain torchrec way on both tables: pyarrow reads the same Parquet files,
+each batch's KJT is built with ``KeyedJaggedTensor.from_lengths_sync`` (lengths from
+``list_value_length``, values from ``flatten``), no dedup, the same preprocessing modules.
+
+Writes benchmarks/results/reader.json, reader.md and reader.png (``--quick``: reader_quick.*).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import pickle
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from recd.analyze import analyze_table
+from recd.batch import Batch, SparseFeatures
+from recd.etl.commit import committed_partition_dirs
+from recd.etl.config import EtlConfig
+from recd.etl.local import run_etl
+from recd.etl.partitions import format_time_ms
+from recd.ikjt import kjt_equal
+from recd.logs.generate import generate_logs
+from recd.logs.shard import compare_sharding
+from recd.reader import ReaderConfig, build_plan
+from recd.reader.dataset import iter_tagged_batches
+from recd.reader.plan import ReadPlan, list_table_files
+from recd.reader.stats import BatchTiming
+from recd.reader.transform import BatchTransform
+from recd.schema import Catalogue, SparseKind, load_catalogue
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PROFILE = "rm1-like"
+DATA_STAMP = "reader_data.json"
+# The job spec shared by every config (a realistic reader job).
+HASH_MODULO = 500_000
+"""Rows of every embedding table: sparse ids are hashed into [0, HASH_MODULO)."""
+SEQUENCE_KEEP = 32
+"""Sequence (history) features keep their last SEQUENCE_KEEP ids."""
+BASELINE = "unclustered_kjt"
+RECD = "clustered_ikjt"
+READER_CONFIGS = ("unclustered_kjt", "unclustered_ikjt", "clustered_kjt", "clustered_ikjt")
+REFERENCE_CONFIGS = ("torchrec_unclustered", "torchrec_clustered")
+PARTS = ("fill", "convert", "process")
+
+
+# ---------------------------------------------------------------------- data
+def prepare_tables(
+    work: Path, *, rows: int, seed: int, num_shards: int, row_group_rows: int
+) -> dict[str, Any]:
+    """Generate, shard (both keys) and ETL rm1-like into ``work/table`` (clustered) and
+    ``work/table_baseline`` (arrival order); reuse them if ``work`` already holds the same."""
+    catalogue = load_catalogue(PROFILE)
+    wanted = {
+        "profile": PROFILE,
+        "catalogue_sha256": hashlib.sha256(catalogue.to_json().encode()).hexdigest()[:16],
+        "pipeline_sha256": _pipeline_fingerprint(),
+        "rows_requested": rows,
+        "seed": seed,
+        "num_shards": num_shards,
+        "row_group_rows": row_group_rows,
+    }
+    stamp = work / DATA_STAMP
+    if stamp.is_file():
+        data: dict[str, Any] = json.loads(stamp.read_text())
+        if {k: data.get(k) for k in wanted} == wanted:
+            print(f"reusing the tables in {work}", flush=True)
+            return data
+    for name in ("raw", "shards", "table", "table_baseline", DATA_STAMP):
+        path = work / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    print(f"generating {PROFILE}, ~{rows:,} rows ...", flush=True)
+    gen = generate_logs(
+        catalogue, work / "raw", seed=seed, rows=rows, show_progress=False, overwrite=True
+    )
+    print(f"sharding into {num_shards} shards, both keys ...", flush=True)
+    compare_sharding(work / "raw", work / "shards", num_shards=num_shards, show_progress=False)
+    print("ETL clustered (session shards) and unclustered (random shards) ...", flush=True)
+    common: dict[str, Any] = {"row_group_rows": row_group_rows, "show_progress": False}
+    clustered = run_etl(
+        EtlConfig(shard_dir=work / "shards" / "session", table_dir=work / "table", **common)
+    )
+    baseline = run_etl(
+        EtlConfig(
+            shard_dir=work / "shards" / "random",
+            table_dir=work / "table_baseline",
+            baseline=True,
+            **common,
+        )
+    )
+    shutil.rmtree(work / "raw")
+    shutil.rmtree(work / "shards")
+    data = {
+        **wanted,
+        "rows": gen.rows,
+        "sessions": gen.sessions,
+        "table_bytes_clustered": clustered.bytes_out,
+        "table_bytes_unclustered": baseline.bytes_out,
+        "files_clustered": clustered.files,
+        "files_unclustered": baseline.files,
+    }
+    stamp.write_text(json.dumps(data, indent=1) + "\n")
+    return data
+
+
+def _pipeline_fingerprint() -> str:
+    """Hash of the code that writes the tables (generator, sharding, ETL): reuse a work dir's
+    tables only if they were written by the same code."""
+    import recd.etl.local
+    import recd.logs.generate
+    import recd.logs.shard
+
+    h = hashlib.sha256()
+    for module in (recd.logs.generate, recd.logs.shard, recd.etl.local):
+        h.update(Path(str(module.__file__)).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def same_files_window(clustered: Path, unclustered: Path) -> dict[str, Any]:
+    """The leading partitions in which both tables hold the same number of files.
+
+    Both ETLs write one file per (shard, partition); in the sparse tail of the window (a few
+    long sessions, hours after the rest) random shards still put a few rows in every shard's
+    file while session shards do not, so the unclustered table has many more tiny files
+    there. Per-file costs (footer, schema, per-column-chunk setup) would then favour the
+    clustered table for a reason production-size partitions do not have: the benchmark stops
+    before the first partition whose file counts differ. Returns ``end`` (None: no cut) and
+    what the cut leaves out.
+    """
+    a = committed_partition_dirs(clustered)
+    b = committed_partition_dirs(unclustered)
+    out: dict[str, Any] = {"end": None, "partitions": len(a), "partitions_left_out": 0}
+    for i, ((pa_, da), (pb, db)) in enumerate(zip(a, b, strict=False)):
+        if pa_ != pb or len(list(da.glob("*.parquet"))) != len(list(db.glob("*.parquet"))):
+            out.update(
+                end=format_time_ms(pa_.start_ms), partitions=i, partitions_left_out=len(a) - i
+            )
+            break
+    return out
+
+
+def job_preprocessing(catalogue: Catalogue) -> list[dict[str, Any]]:
+    """The preprocessing every config runs: hash all ids, truncate sequences, log1p dense."""
+    sequences = [f.name for f in catalogue.sparse if f.kind == SparseKind.HISTORY]
+    return [
+        {"kind": "hash_modulo", "features": catalogue.sparse_names, "modulo": HASH_MODULO},
+        {"kind": "truncate_last", "features": sequences, "n": SEQUENCE_KEEP},
+        {"kind": "log1p", "features": catalogue.dense_names},
+    ]
+
+
+# ---------------------------------------------------------------------- measurement
+@dataclass(slots=True)
+class Pass:
+    """One timed pass of one config over the whole table."""
+
+    rows: int = 0
+    batches: int = 0
+    wall_s: float = 0.0
+    """Wall seconds of the whole pass (everything the reading loop did)."""
+    cpu_s: float = 0.0
+    """CPU seconds of this process during the pass (one thread: about wall when unloaded)."""
+    fill_s: float = 0.0
+    convert_s: float = 0.0
+    process_s: float = 0.0
+    read_bytes: int = 0
+
+    def add(self, timing: BatchTiming) -> None:
+        self.rows += timing.rows
+        self.batches += 1
+        self.fill_s += timing.fill_s
+        self.convert_s += timing.convert_s
+        self.process_s += timing.process_s
+        self.read_bytes += timing.read_bytes
+
+
+class RecdReader:
+    """One recd reader config: the read plan and its compiled transform, built once."""
+
+    def __init__(self, config: ReaderConfig) -> None:
+        self.config = config
+        self.plan: ReadPlan = build_plan(config)
+        self.transform = BatchTransform(self.plan)
+
+    def iter_timed(self) -> Iterator[tuple[Batch, BatchTiming]]:
+        """What ``iter_batches`` does with ``num_workers=0``, without rebuilding the plan and
+        recompiling the TorchScript preprocessing on every pass."""
+        for item in iter_tagged_batches(self.plan, self.transform, epoch=0, worker=0):
+            yield item.batch, item.timing
+
+
+class TorchrecReference:
+    """The plain torchrec way: pyarrow batches -> ``KeyedJaggedTensor.from_lengths_sync``.
+
+    Reads the files of the same table in the same order, rebatches to ``batch_size`` rows
+    across files, builds one KJT of every sparse feature (no dedup) plus dense and labels
+    tensors, and runs the same preprocessing modules as the recd configs.
+    """
+
+    def __init__(self, config: ReaderConfig, transform: BatchTransform, plan: ReadPlan) -> None:
+        self.files = list_table_files(
+            Path(config.table), start_ms=config.start_ms, end_ms=config.end_ms
+        )
+        self.batch_size = config.batch_size
+        self.labels, self.dense, self.sparse = plan.labels, plan.dense, plan.sparse
+        self.columns = [*self.labels, *self.dense, *self.sparse]
+        self.sparse_module = transform.sparse_module
+        self.dense_module = transform.dense_module
+        self.read_bytes = {str(u.path): 0 for u in plan.units}
+        for u in plan.units:
+            self.read_bytes[str(u.path)] += u.read_bytes
+
+    def _iter_rows(self) -> Iterator[tuple[pa.RecordBatch, float, int]]:
+        """(batch of rows, fill seconds, compressed bytes of the files opened meanwhile)."""
+        pending: list[pa.RecordBatch] = []
+        rows = 0
+        fill_s, read_bytes = 0.0, 0
+        for path in self.files:
+            t0 = time.perf_counter()
+            parquet = pq.ParquetFile(path)
+            read_bytes += self.read_bytes[str(path)]
+            for record_batch in parquet.iter_batches(
+                batch_size=self.batch_size, columns=self.columns
+            ):
+                pending.append(record_batch)
+                rows += record_batch.num_rows
+                while rows >= self.batch_size:
+                    table = pa.Table.from_batches(pending)
+                    out = table.slice(0, self.batch_size).combine_chunks().to_batches()[0]
+                    rest = table.slice(self.batch_size)
+                    pending = rest.combine_chunks().to_batches() if rest.num_rows else []
+                    rows = rest.num_rows
+                    fill_s += time.perf_counter() - t0
+                    yield out, fill_s, read_bytes
+                    fill_s, read_bytes = 0.0, 0
+                    t0 = time.perf_counter()
+            fill_s += time.perf_counter() - t0
+        if rows:
+            t0 = time.perf_counter()
+            out = pa.Table.from_batches(pending).combine_chunks().to_batches()[0]
+            yield out, fill_s + time.perf_counter() - t0, read_bytes
+
+    def convert(self, rows: pa.RecordBatch) -> Batch:
+        lengths = [pc.list_value_length(rows.column(name)) for name in self.sparse]
+        values = [rows.column(name).flatten() for name in self.sparse]
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            keys=self.sparse,
+            values=torch.from_numpy(np.concatenate([v.to_numpy() for v in values])),
+            lengths=torch.from_numpy(np.concatenate([n.to_numpy() for n in lengths])),
+        )
+        return Batch(
+            dense=_float_matrix(rows, self.dense),
+            sparse=SparseFeatures(batch_size=rows.num_rows, kjt=kjt),
+            labels=_float_matrix(rows, self.labels),
+        )
+
+    def process(self, batch: Batch) -> Batch:
+        kjt = batch.sparse.kjt
+        assert kjt is not None
+        return Batch(
+            dense=batch.dense if self.dense_module is None else self.dense_module(batch.dense),
+            sparse=SparseFeatures(
+                batch_size=batch.batch_size,
+                kjt=kjt if self.sparse_module is None else self.sparse_module(kjt),
+            ),
+            labels=batch.labels,
+        )
+
+    def iter_timed(self) -> Iterator[tuple[Batch, BatchTiming]]:
+        for rows, fill_s, read_bytes in self._iter_rows():
+            t0 = time.perf_counter()
+            batch = self.convert(rows)
+            t1 = time.perf_counter()
+            batch = self.process(batch)
+            t2 = time.perf_counter()
+            yield batch, BatchTiming(rows.num_rows, fill_s, t1 - t0, t2 - t1, read_bytes)
+
+
+def _float_matrix(rows: pa.RecordBatch, names: list[str]) -> torch.Tensor:
+    out = np.empty((rows.num_rows, len(names)), dtype=np.float32)
+    for j, name in enumerate(names):
+        out[:, j] = rows.column(name).to_numpy(zero_copy_only=False)
+    return torch.from_numpy(out)
+
+
+Reader = RecdReader | TorchrecReference
+
+
+def check_same_output(readers: dict[str, Reader], batches: int) -> int:
+    """Every config of a table hands out the same batches (expanded): the same job is timed.
+
+    Compares the first ``batches`` batches of the KJT, IKJT and torchrec configs of each table
+    (dense, labels, and every sparse key after preprocessing); raises RuntimeError otherwise.
+    Returns the number of batches compared per config.
+    """
+    compared = 0
+    for table in ("unclustered", "clustered"):
+        names = [f"{table}_kjt", f"{table}_ikjt", f"torchrec_{table}"]
+        streams = [readers[name].iter_timed() for name in names]
+        for i in range(batches):
+            got = [next(stream, None) for stream in streams]
+            if all(g is None for g in got):
+                break
+            if any(g is None for g in got):
+                raise RuntimeError(f"{table}: configs {names} hand out different batch counts")
+            first, *others = [g[0] for g in got if g is not None]
+            keys = first.sparse.keys()
+            for name, other in zip(names[1:], others, strict=True):
+                same = (
+                    torch.equal(first.dense, other.dense)
+                    and torch.equal(first.labels, other.labels)
+                    and kjt_equal(first.sparse.to_kjt(keys), other.sparse.to_kjt(keys))
+                )
+                if not same:
+                    raise RuntimeError(f"batch {i}: {name} differs from {names[0]}")
+            compared = max(compared, i + 1)
+    return compared
+
+
+def warm_up(reader: Reader, batches: int) -> None:
+    """Page cache, TorchScript profiling runs, allocator: a few batches, untimed."""
+    for i, _ in enumerate(reader.iter_timed()):
+        if i + 1 >= batches:
+            break
+
+
+def timed_pass(reader: Reader) -> Pass:
+    """One pass over the whole table; per-batch timings plus the loop's wall and CPU time."""
+    result = Pass()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    for _, timing in reader.iter_timed():
+        result.add(timing)
+    result.wall_s = time.perf_counter() - wall0
+    result.cpu_s = time.process_time() - cpu0
+    return result
+
+
+def wire_sizes(reader: Reader, max_batches: int) -> dict[str, float]:
+    """Mean bytes per full batch sent to a trainer: pickled (protocol 5) and wire_bytes()."""
+    pickled, wire, sparse_pickled = [], [], []
+    for batch, _ in reader.iter_timed():
+        if batch.batch_size != reader_batch_size(reader):
+            continue
+        pickled.append(len(pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)))
+        sparse_pickled.append(len(pickle.dumps(batch.sparse, protocol=pickle.HIGHEST_PROTOCOL)))
+        wire.append(batch.wire_bytes())
+        if len(pickled) >= max_batches:
+            break
+    return {
+        "batches": len(pickled),
+        "pickled_bytes_per_batch": statistics.fmean(pickled),
+        "sparse_pickled_bytes_per_batch": statistics.fmean(sparse_pickled),
+        "wire_bytes_per_batch": statistics.fmean(wire),
+    }
+
+
+def reader_batch_size(reader: Reader) -> int:
+    return reader.config.batch_size if isinstance(reader, RecdReader) else reader.batch_size
+
+
+def summarise(passes: list[Pass]) -> dict[str, Any]:
+    """Medians over the repetitions: samples/s (wall and CPU), the time split, bytes read.
+
+    The split is measured in wall seconds by the reader (``BatchTiming``); ``cpu_s_per_1k``
+    spreads the pass's CPU seconds over the parts in the same shares, which on a shared,
+    loaded machine is the better estimate of what each part costs a dedicated core.
+    """
+    rows = passes[0].rows
+    fill, convert, process = (
+        statistics.median(getattr(p, f"{part}_s") for p in passes) for part in PARTS
+    )
+    total = fill + convert + process
+    shares = {part: v / total for part, v in zip(PARTS, (fill, convert, process), strict=True)}
+    cpu_per_1k = statistics.median(p.cpu_s for p in passes) * 1000.0 / rows
+    wall_per_1k = 1000.0 / rows
+    return {
+        "rows": rows,
+        "batches": passes[0].batches,
+        "samples_per_s": statistics.median(p.rows / p.wall_s for p in passes),
+        "samples_per_cpu_s": statistics.median(p.rows / p.cpu_s for p in passes),
+        "wall_s": [p.wall_s for p in passes],
+        "cpu_s": [p.cpu_s for p in passes],
+        "time_share": shares,
+        "wall_s_per_1k": {
+            "fill": fill * wall_per_1k,
+            "convert": convert * wall_per_1k,
+            "process": process * wall_per_1k,
+            "total": total * wall_per_1k,
+        },
+        "cpu_s_per_1k": {
+            **{part: shares[part] * cpu_per_1k for part in PARTS},
+            "total": cpu_per_1k,
+        },
+        "read_bytes": passes[0].read_bytes,
+        "read_bytes_per_sample": passes[0].read_bytes / rows,
+        "passes": [asdict(p) for p in passes],
+    }
+
+
+# ---------------------------------------------------------------------- outputs
+def markdown(r: dict[str, Any]) -> str:
+    base = r["configs"][BASELINE]["cpu_s_per_1k"]["total"]
+    window = r["window"]
+    lines = [
+        f"rm1-like, {r['rows']:,} rows read per pass (of {r['data']['rows']:,} generated; "
+        + (
+            f"partitions before {window['end']}, {window['partitions_left_out']} sparse tail "
+            "partitions left out, see `window`"
+            if window["end"]
+            else "the whole table"
+        )
+        + f"), batch {r['batch_size']}, one reader process (1 thread), median of {r['reps']} "
+        f"passes; load average {r['load_average'][0]:.1f} on {r['cpu_count']} CPUs.",
+        "",
+        "| config | samples/s (wall) | samples/CPU-s | fill | convert | process "
+        "| total (vs baseline) | read B/sample | pickled B/batch |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in (*READER_CONFIGS, *REFERENCE_CONFIGS):
+        c = r["configs"][name]
+        t = c["cpu_s_per_1k"]
+        wire = r["wire"].get(name, {}).get("pickled_bytes_per_batch")
+        lines.append(
+            f"| {name} | {c['samples_per_s']:,.0f} | {c['samples_per_cpu_s']:,.0f} "
+            f"| {t['fill'] * 1e3:.1f} ms | {t['convert'] * 1e3:.1f} ms "
+            f"| {t['process'] * 1e3:.1f} ms | {t['total'] * 1e3:.1f} ms ({t['total'] / base:.2f}) "
+            f"| {c['read_bytes_per_sample']:,.0f} | "
+            + (f"{wire / 1e6:.2f} MB |" if wire else "- |")
+        )
+    vs = r["speedup_vs_torchrec"]
+    lines += [
+        "",
+        "Times: CPU ms per 1k samples, split in the reader's measured shares (fill = read + "
+        "decompress + decode + checks; convert = Arrow -> tensors incl. dedup hashing; "
+        "process = preprocessing). Pickled: `pickle.dumps(batch)`, full batches.",
+        "",
+        "| headline | value |",
+        "|---|---:|",
+        f"| **reader_speedup** (clustered+IKJT / unclustered+KJT, samples per CPU-s) "
+        f"| **{r['reader_speedup']:.2f}x** |",
+        f"| reader_speedup_wall (same, wall-clock samples/s) | {r['reader_speedup_wall']:.2f}x |",
+        f"| of which clustering (clustered+KJT / unclustered+KJT) "
+        f"| {r['speedup_parts']['clustering']:.2f}x |",
+        f"| of which IKJT on the clustered table (clustered+IKJT / clustered+KJT) "
+        f"| {r['speedup_parts']['ikjt_on_clustered']:.2f}x |",
+        f"| **wire_bytes_ratio** (pickled KJT / IKJT batch, clustered) "
+        f"| **{r['wire_bytes_ratio']:.2f}x** |",
+        f"| wire_bytes_ratio, `Batch.wire_bytes()` | {r['wire_bytes_ratio_tensor']:.2f}x |",
+        f"| bytes read per sample, unclustered / clustered "
+        f"| {r['bytes_read_per_sample']['unclustered']:,.0f} / "
+        f"{r['bytes_read_per_sample']['clustered']:,.0f} B |",
+        f"| vs plain torchrec dataloader, same table (unclustered+KJT / clustered+IKJT) "
+        f"| {vs['unclustered_kjt_vs_torchrec_unclustered']:.2f}x / "
+        f"{vs['clustered_ikjt_vs_torchrec_clustered']:.2f}x |",
+        f"| clustered+IKJT vs plain torchrec on the unclustered table "
+        f"| {vs['clustered_ikjt_vs_torchrec_unclustered']:.2f}x |",
+        f"| dedup groups ({r['dedup_groups_source']}) | "
+        + "; ".join(_group_label(g) for g in r["dedup_sparse_features"])
+        + " |",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _group_label(group: list[str]) -> str:
+    return group[0] if len(group) == 1 else f"{group[0]} .. {group[-1]} ({len(group)} keys)"
+
+
+def plot(r: dict[str, Any], path: Path) -> None:
+    """Stacked fill/convert/process CPU time per sample, normalised to the baseline
+    (the paper's Figure 10)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [*READER_CONFIGS, *REFERENCE_CONFIGS]
+    base = r["configs"][BASELINE]["cpu_s_per_1k"]["total"]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    bottom = np.zeros(len(names))
+    colours = {"fill": "#4c72b0", "convert": "#dd8452", "process": "#55a868"}
+    for part in PARTS:
+        heights = np.array([r["configs"][n]["cpu_s_per_1k"][part] / base for n in names])
+        ax.bar(names, heights, bottom=bottom, label=part, color=colours[part])
+        bottom += heights
+    for i, total in enumerate(bottom):
+        ax.text(i, total + 0.01, f"{total:.2f}", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel(f"reader CPU time per sample (1.0 = {BASELINE})")
+    ax.set_title(f"rm1-like reader time split, batch {r['batch_size']}, {r['rows']:,} rows")
+    ax.legend()
+    ax.tick_params(axis="x", labelrotation=20, labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------- main
+def build_readers(
+    clustered: Path, unclustered: Path, *, batch_size: int, end: str | None, groups: list[list[str]]
+) -> dict[str, Reader]:
+    """The four recd configs and the two torchrec references (same job, same window)."""
+    preprocessing = job_preprocessing(load_catalogue(PROFILE))
+
+    def recd(table: Path, dedup: list[list[str]]) -> RecdReader:
+        config = ReaderConfig(
+            table=str(table),
+            end=end,
+            batch_size=batch_size,
+            dedup_sparse_features=dedup,
+            preprocessing=preprocessing,
+        )
+        return RecdReader(config)
+
+    readers: dict[str, Reader] = {
+        "unclustered_kjt": recd(unclustered, []),
+        "unclustered_ikjt": recd(unclustered, groups),
+        "clustered_kjt": recd(clustered, []),
+        "clustered_ikjt": recd(clustered, groups),
+    }
+    for name, like in zip(REFERENCE_CONFIGS, ("unclustered_kjt", "clustered_kjt"), strict=True):
+        base = readers[like]
+        assert isinstance(base, RecdReader)
+        readers[name] = TorchrecReference(base.config, base.transform, base.plan)
+    return readers
+
+
+def measure(readers: dict[str, Reader], *, reps: int, warmup_batches: int) -> dict[str, list[Pass]]:
+    """``reps`` passes per reader, interleaved (rep-major) so background load spreads evenly."""
+    for reader in readers.values():
+        warm_up(reader, warmup_batches)
+    passes: dict[str, list[Pass]] = {name: [] for name in readers}
+    for rep in range(reps):
+        for name, reader in readers.items():
+            p = timed_pass(reader)
+            passes[name].append(p)
+            print(
+                f"  pass {rep + 1}/{reps} {name:<22} {p.rows / p.cpu_s:>8,.0f} samples/CPU-s "
+                f"{p.rows / p.wall_s:>8,.0f} samples/s (fill {p.fill_s:.2f} s, convert "
+                f"{p.convert_s:.2f} s, process {p.process_s:.2f} s)",
+                flush=True,
+            )
+    return passes
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    data = prepare_tables(
+        work,
+        rows=args.rows,
+        seed=args.seed,
+        num_shards=args.shards,
+        row_group_rows=args.row_group_rows,
+    )
+    clustered, unclustered = work / "table", work / "table_baseline"
+    window = (
+        same_files_window(clustered, unclustered)
+        if args.window == "same-files"
+        else {"end": None, "partitions": len(committed_partition_dirs(clustered))}
+    )
+    end = str(window["end"]) if window["end"] is not None else None
+    print(f"analyzing {clustered} at batch size {args.batch_size} ...", flush=True)
+    analysis = analyze_table(clustered, batch_size=args.batch_size, end=end)
+    groups = analysis.dedup_sparse_features
+    print("building readers (TorchScript preprocessing) ...", flush=True)
+    readers = build_readers(
+        clustered, unclustered, batch_size=args.batch_size, end=end, groups=groups
+    )
+    for name in ("clustered_kjt", "unclustered_kjt"):
+        reader = readers[name]
+        assert isinstance(reader, RecdReader)
+        key = name.split("_")[0]
+        window[f"files_{key}"] = len({u.path for u in reader.plan.units})
+        window[f"row_groups_{key}"] = len(reader.plan.units)
+    identical = check_same_output(readers, args.check_batches)
+    print(f"all configs of a table hand out identical batches ({identical} compared)")
+    load_before = os.getloadavg()
+    passes = measure(readers, reps=args.reps, warmup_batches=args.warmup_batches)
+    configs = {name: summarise(p) for name, p in passes.items()}
+    wire = {name: wire_sizes(readers[name], args.wire_batches) for name in READER_CONFIGS}
+    result = headline(
+        args,
+        data=data,
+        window=window,
+        analysis=analysis,
+        configs=configs,
+        wire=wire,
+        load=[max(a, b) for a, b in zip(load_before, os.getloadavg(), strict=True)],
+    )
+    result["identical_batches_checked"] = identical
+    return result
+
+
+def headline(
+    args: argparse.Namespace,
+    *,
+    data: dict[str, Any],
+    window: dict[str, Any],
+    analysis: Any,
+    configs: dict[str, dict[str, Any]],
+    wire: dict[str, dict[str, float]],
+    load: list[float],
+) -> dict[str, Any]:
+    """The result document: headline ratios first, then every measurement behind them."""
+    base, recd = configs[BASELINE], configs[RECD]
+
+    def cpu_ratio(a: str, b: str) -> float:
+        return configs[a]["samples_per_cpu_s"] / configs[b]["samples_per_cpu_s"]
+
+    return {
+        "profile": PROFILE,
+        "quick": args.quick,
+        "rows": base["rows"],
+        "batch_size": args.batch_size,
+        "reader_speedup": cpu_ratio(RECD, BASELINE),
+        "reader_speedup_basis": "samples per CPU-second of the reader process (1 thread)",
+        "reader_speedup_wall": recd["samples_per_s"] / base["samples_per_s"],
+        "speedup_parts": {
+            "clustering": cpu_ratio("clustered_kjt", BASELINE),
+            "ikjt_on_clustered": cpu_ratio(RECD, "clustered_kjt"),
+            "ikjt_on_unclustered": cpu_ratio("unclustered_ikjt", BASELINE),
+        },
+        "wire_bytes_ratio": wire["clustered_kjt"]["pickled_bytes_per_batch"]
+        / wire[RECD]["pickled_bytes_per_batch"],
+        "wire_bytes_ratio_tensor": wire["clustered_kjt"]["wire_bytes_per_batch"]
+        / wire[RECD]["wire_bytes_per_batch"],
+        "bytes_read_per_sample": {
+            "clustered": configs["clustered_kjt"]["read_bytes_per_sample"],
+            "unclustered": configs[BASELINE]["read_bytes_per_sample"],
+        },
+        "samples_per_cpu_s": {name: c["samples_per_cpu_s"] for name, c in configs.items()},
+        "samples_per_s": {name: c["samples_per_s"] for name, c in configs.items()},
+        "time_split": {
+            name: {"cpu_s_per_1k": c["cpu_s_per_1k"], "share": c["time_share"]}
+            for name, c in configs.items()
+        },
+        "torchrec_reference_samples_per_cpu_s": {
+            "unclustered": configs["torchrec_unclustered"]["samples_per_cpu_s"],
+            "clustered": configs["torchrec_clustered"]["samples_per_cpu_s"],
+        },
+        "speedup_vs_torchrec": {
+            "unclustered_kjt_vs_torchrec_unclustered": cpu_ratio(BASELINE, "torchrec_unclustered"),
+            "clustered_ikjt_vs_torchrec_clustered": cpu_ratio(RECD, "torchrec_clustered"),
+            "clustered_ikjt_vs_torchrec_unclustered": cpu_ratio(RECD, "torchrec_unclustered"),
+        },
+        "dedup_sparse_features": analysis.dedup_sparse_features,
+        "dedup_groups_source": "recd.analyze proposal for the clustered table at this batch size",
+        "dedup_group_factors": {"+".join(g.features): g.measured_factor for g in analysis.groups},
+        "samples_per_session": analysis.samples_per_session,
+        "preprocessing": job_preprocessing(load_catalogue(PROFILE)),
+        "window": window,
+        "data": data,
+        "reps": args.reps,
+        "warmup_batches": args.warmup_batches,
+        "threads": {"torch": torch.get_num_threads(), "pyarrow_cpu": pa.cpu_count()},
+        "load_average": load,
+        "cpu_count": os.cpu_count(),
+        "wire": wire,
+        "configs": configs,
+        "targets": {"reader_speedup": 1.8, "wire_bytes_ratio": 3.0},
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="CI size: 20k rows, batch 512")
+    parser.add_argument("--rows", type=int, help="rows to generate (default 300k, quick 20k)")
+    parser.add_argument("--batch-size", type=int, help="rows per batch (default 2048, quick 512)")
+    parser.add_argument("--shards", type=int, help="log-bus shards (default 16, quick 4)")
+    parser.add_argument("--row-group-rows", type=int, default=8192)
+    parser.add_argument("--reps", type=int, help="timed passes per config (default 3)")
+    parser.add_argument("--warmup-batches", type=int, default=3)
+    parser.add_argument("--wire-batches", type=int, default=20, help="batches to pickle")
+    parser.add_argument(
+        "--check-batches", type=int, default=3, help="batches compared across configs"
+    )
+    parser.add_argument(
+        "--window",
+        choices=("same-files", "all"),
+        default="same-files",
+        help="read the leading partitions where both tables hold as many files (default), or all",
+    )
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--work-dir", type=Path, help="keep (and reuse) the tables here")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    args.rows = args.rows or (20_000 if args.quick else 300_000)
+    args.batch_size = args.batch_size or (512 if args.quick else 2048)
+    args.shards = args.shards or (4 if args.quick else 16)
+    args.reps = args.reps or 3
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    command = " ".join(["python benchmarks/reader.py", *(sys.argv[1:] if argv is None else argv)])
+    saved = torch.get_num_threads(), pa.cpu_count(), pa.io_thread_count()
+    torch.set_num_threads(1)  # one reader process = one core
+    pa.set_cpu_count(1)
+    pa.set_io_thread_count(1)
+    try:
+        with tempfile.TemporaryDirectory(prefix="recd-reader-") as tmp:
+            work = args.work_dir or Path(tmp)
+            work.mkdir(parents=True, exist_ok=True)
+            result = run(args, work)
+    finally:
+        torch.set_num_threads(saved[0])
+        pa.set_cpu_count(saved[1])
+        pa.set_io_thread_count(saved[2])
+    result = {"command": command, **result}
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = "reader_quick" if args.quick else "reader"
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    table = markdown(result)
+    (args.out / f"{stem}.md").write_text(f"Command: `{command}`\n\n{table}")
+    plot(result, args.out / f"{stem}.png")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
