@@ -71,3 +71,9 @@ class UndoError(RecdError):
     """An optimizer step cannot be captured or undone as asked: an optimizer or option with no
     inverse (e.g. AMSGrad), or a record whose post-update state no longer matches the live
     tensors (already undone, or another step ran since). Names the parameter and the reason."""
+
+
+class RecoveryError(RecdError):
+    """Failure recovery could not proceed: a worker died and the survivors could not agree on
+    a step, the dense state or the checkpoint a replacement needs is missing, or the job did
+    not come back within its deadline. Names the run directory, rank and generation."""

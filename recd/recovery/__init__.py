@@ -9,10 +9,20 @@
 - :mod:`recd.recovery.bits`: ulp distances, checksums and the sparse corrections that make
   the float inverse exact;
 - :mod:`recd.recovery.measure`: the pure inverse's error and the record's memory on a real
-  DLRM (``python -m recd.recovery.measure``).
+  DLRM (``python -m recd.recovery.measure``);
+- :mod:`recd.recovery.survivor`: survivor-based recovery of a hybrid-parallel DLRM job
+  (agree, undo, dense state from a survivor, the dead shard from the checkpoint, audit trail);
+- :mod:`recd.recovery.elastic`: the torchrun ``--max-restarts`` baseline, driven and timed.
 """
 
 from recd.recovery.bits import Correction, Inexactness, measure_inexactness, ulp_distance
+from recd.recovery.survivor import (
+    RECOVERY_FILE,
+    SurvivorJob,
+    read_recovery_records,
+    run_job,
+    sharded_step_with_undo,
+)
 from recd.recovery.undo import (
     CounterUndo,
     UndoLog,
@@ -24,13 +34,18 @@ from recd.recovery.undo import (
 )
 
 __all__ = [
+    "RECOVERY_FILE",
     "Correction",
     "CounterUndo",
     "Inexactness",
+    "SurvivorJob",
     "UndoLog",
     "UndoRecord",
     "UndoResult",
     "measure_inexactness",
+    "read_recovery_records",
+    "run_job",
+    "sharded_step_with_undo",
     "step_with_undo",
     "ulp_distance",
     "undo_step",

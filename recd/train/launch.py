@@ -65,10 +65,16 @@ def in_torchrun() -> bool:
     return all(name in os.environ for name in _TORCHRUN_ENV)
 
 
-def torchrun_command(nproc: int, recd_args: list[str]) -> list[str]:
-    """The command that runs ``recd RECD_ARGS`` as ``nproc`` workers on this machine."""
+def torchrun_command(nproc: int, recd_args: list[str], *, max_restarts: int = 0) -> list[str]:
+    """The command that runs ``recd RECD_ARGS`` as ``nproc`` workers on this machine.
+
+    ``max_restarts``: torchrun restarts the whole worker group this many times when a worker
+    fails (the elastic baseline: every worker resumes from the newest checkpoint).
+    """
     if nproc < 1:
         raise ConfigError(f"--nproc: expected an integer >= 1, got {nproc}")
+    if max_restarts < 0:
+        raise ConfigError(f"--max-restarts: expected an integer >= 0, got {max_restarts}")
     return [
         sys.executable,
         "-m",
@@ -76,19 +82,23 @@ def torchrun_command(nproc: int, recd_args: list[str]) -> list[str]:
         "--standalone",
         "--nproc_per_node",
         str(nproc),
+        "--max-restarts",
+        str(max_restarts),
         "-m",
         "recd",
         *recd_args,
     ]
 
 
-def launch_torchrun(nproc: int, recd_args: list[str], *, timeout_s: float | None = None) -> int:
+def launch_torchrun(
+    nproc: int, recd_args: list[str], *, timeout_s: float | None = None, max_restarts: int = 0
+) -> int:
     """Run ``recd RECD_ARGS`` under torchrun with ``nproc`` workers; return its exit code.
 
     The workers inherit this process's stdout/stderr. ``timeout_s``: kill the job after that
     long (exit code 124).
     """
-    command = torchrun_command(nproc, recd_args)
+    command = torchrun_command(nproc, recd_args, max_restarts=max_restarts)
     log.info("launching %d workers: %s", nproc, " ".join(command))
     try:
         return subprocess.run(command, check=False, timeout=timeout_s).returncode
@@ -128,7 +138,15 @@ def init_distributed(device: str = "auto") -> DistContext:
         target = torch.device("cpu")
         backend = "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
+        # After an elastic restart the rendezvous store still holds the previous attempt's
+        # keys, and a plain env:// init under gloo never connects: give every attempt its own
+        # key prefix (the same symptom as pytorch/pytorch#167288 with NCCL).
+        from torch.distributed.rendezvous import rendezvous
+
+        store, _, _ = next(rendezvous("env://", rank=rank, world_size=world_size))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"recd/attempt_{attempt}", store)
+        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size)
     return DistContext(
         rank=rank, world_size=world_size, local_rank=local_rank, backend=backend, device=target
     )
