@@ -1,0 +1,37 @@
+"""Refresh the README's benchmark section from benchmarks/results/*.md: python benchmarks/readme_tables.py"""
+
+import re
+from pathlib import Path
+
+root = Path(__file__).resolve().parent.parent
+readme = (root / "README.md").read_text()
+parts = []
+sections = [
+    ("storage", "Storage: log-bus shards and tables (O1, O2)", None),
+    ("reader", "Readers: KJT vs IKJT, clustered vs unclustered (O3, O4)", "reader.png"),
+    ("trainer", "Trainer: the RM1 ablation (O5-O7)", "trainer.png"),
+    ("checkpoint", "Checkpoints", None),
+    ("recovery", "Failure recovery", None),
+]
+for stem, title, png in sections:
+    md = root / "benchmarks" / "results" / f"{stem}.md"
+    if not md.exists():
+        continue
+    body = md.read_text().strip()
+    body = re.sub(r"^# .*\n+", "", body)
+    parts.append(
+        f"### {title}\n\n{body}\n"
+        + (
+            f"\n![{stem}](benchmarks/results/{png})\n"
+            if png and (root / "benchmarks/results" / png).exists()
+            else ""
+        )
+    )
+block = "<!-- bench:begin -->\n" + "\n".join(parts) + "<!-- bench:end -->"
+if "<!-- bench:begin -->" in readme:
+    readme = re.sub(
+        r"<!-- bench:begin -->.*<!-- bench:end -->", lambda m: block, readme, flags=re.S
+    )
+else:
+    readme = readme.replace("<!-- bench:storage -->\n<!-- bench:reader -->", block)
+(root / "README.md").write_text(readme)
