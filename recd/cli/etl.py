@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from recd.etl.config import DICTIONARY_MODES, ENGINES, ON_BAD_ROWS, EtlConfig
+from recd.etl.config import (
+    DEFAULT_TARGET_FILE_BYTES,
+    DICTIONARY_MODES,
+    ENGINES,
+    ON_BAD_ROWS,
+    EtlConfig,
+)
 from recd.etl.local import run_etl
 
 
@@ -30,6 +36,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--baseline", action="store_true", help="write rows in arrival order")
     parser.add_argument(
         "--row-group-rows", type=int, default=8192, metavar="N", help="rows per row group"
+    )
+    parser.add_argument(
+        "--target-file-mb",
+        type=float,
+        default=DEFAULT_TARGET_FILE_BYTES / 2**20,
+        metavar="MB",
+        help="roll a partition's file at about this size (MiB, default %(default)g)",
     )
     parser.add_argument("--zstd-level", type=int, default=3, metavar="L", help="zstd level (1..22)")
     parser.add_argument(
@@ -65,6 +78,7 @@ def _run(args: argparse.Namespace) -> int:
         start=args.start,
         end=args.end,
         row_group_rows=args.row_group_rows,
+        target_file_bytes=round(args.target_file_mb * 2**20),
         zstd_level=args.zstd_level,
         baseline=args.baseline,
         memory_budget_bytes=None if args.memory_budget is None else int(args.memory_budget * 2**20),

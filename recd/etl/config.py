@@ -14,6 +14,7 @@ ENGINES = ("local", "spark")
 DICTIONARY_MODES = ("auto", "all", "none")
 ON_BAD_ROWS = ("fail", "quarantine")
 ZSTD_LEVELS = range(1, 23)
+DEFAULT_TARGET_FILE_BYTES = 256 << 20
 
 
 @dataclass(kw_only=True, slots=True)
@@ -30,15 +31,22 @@ class EtlConfig:
     end: str | None = None
     """Window end (exclusive, UTC), same formats as ``start``. None: through the last row."""
     row_group_rows: int = 8192
-    """Rows per Parquet row group."""
+    """Rows per Parquet row group (every row group of a file has exactly this many, except the
+    file's last one and ones written early because the write buffers were full)."""
+    target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES
+    """Roll a partition's file once it holds this many bytes (closed at the next session
+    boundary; a file may exceed it by about a row group and a session). The local engine keeps
+    one open file per partition across all shards; the Spark engine sizes its default number of
+    output partitions from it."""
     zstd_level: int = 3
     """zstd compression level of the Parquet column chunks (1..22)."""
     baseline: bool = False
     """Write rows in arrival order (the unclustered baseline) instead of clustered by session."""
     memory_budget_bytes: int | None = None
-    """Bound on the rows held in memory at once; a shard whose decoded size exceeds it is
-    processed in several passes, each keeping the sessions of one hash bucket. None: one pass
-    per shard (memory bounded by the largest shard)."""
+    """Bound on the rows held in memory at once (local engine): a quarter goes to the partition
+    writers' row buffers, the rest to a pass over a shard; a shard whose decoded size exceeds
+    that is processed in several passes, each keeping the sessions of one hash bucket. None:
+    one pass per shard (memory bounded by the largest shard) and 256 MiB of write buffers."""
     dictionary: str = "auto"
     """Parquet dictionary encoding: ``auto`` (per column, where it pays on measured
     statistics), ``all`` or ``none``; see recd.etl.encodings."""
@@ -57,6 +65,8 @@ class EtlConfig:
         self.table_dir = Path(self.table_dir)
         if self.row_group_rows < 1:
             raise ConfigError(f"row_group_rows must be >= 1, got {self.row_group_rows}")
+        if self.target_file_bytes < 1:
+            raise ConfigError(f"target_file_bytes must be >= 1, got {self.target_file_bytes}")
         if self.zstd_level not in ZSTD_LEVELS:
             raise ConfigError(f"zstd_level must be in 1..22, got {self.zstd_level}")
         if self.memory_budget_bytes is not None and self.memory_budget_bytes < 1:
@@ -113,6 +123,9 @@ class EtlReport:
     """Parquet files committed."""
     bytes_out: int = 0
     """Bytes of the committed Parquet files."""
+    row_groups_flushed_early: int = 0
+    """Row groups written with fewer than ``row_group_rows`` rows before their file's end
+    because the write buffers reached their memory cap (local engine)."""
     seconds: float = 0.0
     """Wall time of the run."""
     rows_per_s: float = 0.0

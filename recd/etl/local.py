@@ -1,18 +1,41 @@
 """The embedded clustering ETL (O2): session shards -> hourly zstd Parquet partitions.
 
 One shard at a time (session sharding puts each session in exactly one shard, so clustering a
-shard's rows clusters them in every partition they land in)::
+shard's rows clusters them in every partition they land in), appended to one open file per
+partition::
 
     for shard in shards:                      memory: the shard's rows, or 1/P of them
         for p in range(P):                    P = passes, from the shard's decoded size / budget
             rows = good rows of the window    (blocks streamed, validated, sessions of bucket p)
             order = sort by (hour, session_id, ts, request_id)   (baseline: by hour, stable)
-            write one part file per hour      TABLE/_tmp-<run>/ds=D/hour=HH/part-SSSS[-PP].parquet
-    commit every staged partition             (recd.etl.commit: _SUCCESS, rename into place)
+            append each hour's rows to its    TABLE/_tmp-<run>/ds=D/hour=HH/part-NNNNN.parquet
+            partition's open file             (PartitionWriter: full row groups, rolled files)
+    close every file, commit every partition  (recd.etl.commit: _SUCCESS, rename into place)
+
+Few, large files (the small-files problem). A partition gets rows from every shard; writing one
+file per (shard, pass, partition) made thousands of files of a few hundred rows, whose footers
+(a column chunk's metadata per column, the Arrow schema, the catalogue) outweighed the data and
+whose row groups were far below ``row_group_rows``. Instead each partition keeps one open
+``part-NNNNN.parquet`` across shards and passes; its rows are buffered and written in row groups
+of exactly ``row_group_rows``; once the file holds ``target_file_bytes`` it is closed at the
+next session boundary and ``part-{N+1}`` starts. Row groups are therefore full except the last
+one of a file, and ones flushed early because the write buffers hit their cap: the buffers of
+all partitions together hold at most ``write_buffer_bytes`` (a quarter of the memory budget, or
+DEFAULT_WRITE_BUFFER_BYTES without one); at the cap the largest buffer is compressed (zstd,
+Arrow IPC), and only once all are is the largest written early. At most MAX_OPEN_FILES files
+are open at once (least recently written closed first, between shard-passes).
+
+Layout inside a file (clustered): the rows of shard 0 (pass 0, 1, ...), then shard 1, ...; each
+shard-pass's rows sorted by (session_id, ts, request_id). A session lives in one shard and one
+pass, so it is one contiguous, ts-sorted run in exactly one file of each partition it touches
+(files roll only between sessions). Session ids are *not* sorted across shards, so the files
+declare no Parquet ``sorting_columns`` (they would be false). Baseline: shard after shard, each
+in arrival order.
 
 Sorting and the row-group ``take`` are pyarrow kernels; the only Python loops run over shards,
 passes, blocks, partitions and row groups. A re-run on the same input writes byte-identical
-Parquet files (deterministic names, order, encodings and writer).
+Parquet files (shards, passes and partitions in a fixed order, deterministic names, encodings,
+buffer flushes and writer).
 """
 
 from __future__ import annotations
@@ -26,7 +49,9 @@ import resource
 import shutil
 import sys
 import time
+from collections import OrderedDict
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +89,23 @@ log = logging.getLogger(__name__)
 # Peak memory of a pass, as a multiple of the decoded bytes of the rows it holds: the rows, the
 # sort keys and indices, one row group being taken and encoded, allocator slack. Measured about
 # 2.8x with jemalloc on one 33 MB shard (tests/integration/test_etl_memory.py builds such data);
-# the budget splits a shard into P passes so that PASS_MEMORY_FACTOR x decoded / P <= budget.
-# On top comes a fixed cost (Parquet writer, zstd contexts, encoding trial: ~20-60 MB RSS
-# depending on the allocator).
+# the budget left after the write buffers (pass_budget_bytes) splits a shard into P passes so
+# that PASS_MEMORY_FACTOR x decoded / P <= that. On top comes a fixed cost (Parquet writers,
+# zstd contexts, encoding trial: ~20-60 MB RSS depending on the allocator).
 PASS_MEMORY_FACTOR = 3.0
+# Under a memory budget the partitions' write buffers get 1/WRITE_BUFFER_SHARE of it, passes the
+# rest; without one they hold at most DEFAULT_WRITE_BUFFER_BYTES (all partitions together).
+WRITE_BUFFER_SHARE = 4
+DEFAULT_WRITE_BUFFER_BYTES = 256 << 20
+# When the write buffers reach their cap, the largest decoded buffer is first compressed (Arrow
+# IPC record batch messages in one zstd frame each, level 1: ~4-6x smaller on clustered rows, a
+# few ms per MB); only when every buffer is compressed is the largest written early as a
+# shorter row group. Fast while memory allows, and full row groups long after it no longer does.
+SPOOL_ZSTD_LEVEL = 1
+# Files open at once (one per partition being written); past this the least recently written
+# partition's file is closed (its next rows start the next part file). A long window keeps
+# hundreds of hourly partitions, and every open file holds a descriptor and a footer builder.
+MAX_OPEN_FILES = 128
 # Salt so that pass buckets are independent of the shard routing hash of the same session ids.
 PASS_BUCKET_SALT = np.uint64(0x5EED_0F_E7_1A_55_E5)
 # Test hook: seconds to sleep after each shard pass is staged (lets a test SIGKILL a real run
@@ -136,11 +174,26 @@ def shard_size(shard: Path, manifest: dict[str, Any]) -> tuple[int, int]:
     return sum(sizes), len(sizes)
 
 
-def count_passes(decoded_bytes: int, memory_budget_bytes: int | None) -> int:
-    """Passes needed so that one pass holds at most the budget (PASS_MEMORY_FACTOR included)."""
-    if memory_budget_bytes is None or decoded_bytes <= 0:
+def count_passes(decoded_bytes: int, pass_budget_bytes: int | None) -> int:
+    """Passes needed so that one pass holds at most ``pass_budget_bytes`` (see
+    :func:`pass_budget_bytes`; PASS_MEMORY_FACTOR included). None: one pass."""
+    if pass_budget_bytes is None or decoded_bytes <= 0:
         return 1
-    return max(1, math.ceil(PASS_MEMORY_FACTOR * decoded_bytes / memory_budget_bytes))
+    return max(1, math.ceil(PASS_MEMORY_FACTOR * decoded_bytes / max(1, pass_budget_bytes)))
+
+
+def write_buffer_bytes(memory_budget_bytes: int | None) -> int:
+    """Cap on the rows buffered by all partition writers together (decoded bytes)."""
+    if memory_budget_bytes is None:
+        return DEFAULT_WRITE_BUFFER_BYTES
+    return max(1, memory_budget_bytes // WRITE_BUFFER_SHARE)
+
+
+def pass_budget_bytes(memory_budget_bytes: int | None) -> int | None:
+    """What a pass may hold: the memory budget less the write buffers' share (None: no bound)."""
+    if memory_budget_bytes is None:
+        return None
+    return max(1, memory_budget_bytes - write_buffer_bytes(memory_budget_bytes))
 
 
 def session_buckets(session_ids: np.ndarray, passes: int) -> np.ndarray:
@@ -161,13 +214,9 @@ def output_order(table: pa.Table, hours: np.ndarray, *, clustered: bool) -> pa.A
     return pc.sort_indices(key_table, sort_keys=[(name, "ascending") for name in keys])
 
 
-def part_file_name(shard: Path, pass_index: int, passes: int) -> str:
-    """``part-SSSS.parquet`` (SSSS from ``shard-SSSS.zst``), ``part-SSSS-PP.parquet`` with passes."""
-    number = shard.name.removeprefix("shard-").split(".")[0]
-    if passes == 1:
-        return f"part-{number}.parquet"
-    width = max(2, len(str(passes - 1)))
-    return f"part-{number}-{pass_index:0{width}d}.parquet"
+def part_file_name(index: int) -> str:
+    """``part-NNNNN.parquet``: the ``index``-th file of a partition (0, 1, ... as files roll)."""
+    return f"part-{index:05d}.parquet"
 
 
 def peak_rss_bytes() -> int:
@@ -189,6 +238,327 @@ def peak_rss_bytes() -> int:
 class _NoBar:
     def update(self, n: int = 1) -> None:
         pass
+
+
+class SpoolCodec:
+    """Compresses buffered rows: Arrow IPC record batch messages in one zstd frame.
+
+    The schema is known (every buffered table has the pass tables' schema), so only the record
+    batch messages are stored. Compressed and decoded buffers come from Arrow's memory pool:
+    with Python ``bytes`` (glibc's heap) the churn of freed frames stayed resident (+70 MB RSS
+    on rm1-like).
+    """
+
+    def __init__(self, schema: pa.Schema, *, level: int = SPOOL_ZSTD_LEVEL) -> None:
+        self.schema = schema
+        self._codec = pa.Codec("zstd", compression_level=level)
+
+    def encode(self, table: pa.Table) -> SpoolFrame:
+        sink = pa.BufferOutputStream()
+        for batch in table.to_batches():
+            sink.write(batch.serialize())
+        raw = sink.getvalue()
+        compressed = self._codec.compress(raw, asbytes=False)  # capacity: zstd's bound, ~raw
+        data = pa.allocate_buffer(compressed.size)  # so keep a right-sized copy
+        pa.FixedSizeBufferWriter(data).write(compressed)
+        return SpoolFrame(data=data, raw_size=raw.size)
+
+    def decode(self, frame: SpoolFrame) -> pa.Table:
+        raw = self._codec.decompress(frame.data, decompressed_size=frame.raw_size, asbytes=False)
+        reader = pa.ipc.MessageReader.open_stream(raw)
+        batches = [pa.ipc.read_record_batch(message, self.schema) for message in reader]
+        return pa.Table.from_batches(batches, schema=self.schema)
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolFrame:
+    """Buffered rows compressed by :class:`SpoolCodec`."""
+
+    data: pa.Buffer
+    raw_size: int
+    """Bytes of the uncompressed IPC messages."""
+
+    @property
+    def size(self) -> int:
+        return int(self.data.size)
+
+
+class PartitionWriter:
+    """Streams one partition's rows into ``part-00000.parquet``, ``part-00001.parquet``, ...
+
+    Rows arrive in output order (:meth:`add`, at most what completes the current row group at a
+    time) and wait in a buffer until they fill a row group of exactly ``row_group_rows``, which
+    is then written to the open file. The buffer holds decoded tables, or zstd frames once
+    :meth:`compress` was called (memory pressure, see :class:`PartitionWriters`). Once the file
+    holds ``target_file_bytes`` it is closed before the next row group, at a session boundary
+    when ``split_at_sessions`` (so a session never spans two files): the rows that finish the
+    file's last session are written as its last, shorter row group. Files open lazily, so a
+    partition that gets no more rows opens no empty file.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        schema: pa.Schema,
+        writer_options: dict[str, Any],
+        row_group_rows: int,
+        target_file_bytes: int,
+        split_at_sessions: bool,
+        codec: SpoolCodec,
+    ) -> None:
+        self.directory = directory
+        self.schema = schema  # the catalogue's, metadata included
+        self.writer_options = writer_options
+        self.row_group_rows = row_group_rows
+        self.target_file_bytes = target_file_bytes
+        self.split_at_sessions = split_at_sessions
+        self.codec = codec
+        self.pending_rows = 0
+        """Rows buffered for the next row group (always < row_group_rows between calls)."""
+        self.pending_bytes = 0
+        """Bytes the buffer holds (decoded tables at their size, compressed ones at theirs)."""
+        self.decoded_bytes = 0
+        """The part of ``pending_bytes`` not compressed yet."""
+        self.files = 0
+        """Files started so far (the open one included)."""
+        self._pending: list[pa.Table | SpoolFrame] = []
+        self._sink: pa.NativeFile | None = None
+        self._writer: pq.ParquetWriter | None = None
+        self._last_session: int | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._writer is not None
+
+    def add(self, rows: pa.Table) -> None:
+        """Append ``rows`` (at most ``row_group_rows - pending_rows``); write a filled group."""
+        assert 0 < rows.num_rows <= self.row_group_rows - self.pending_rows, "over a row group"
+        if self.pending_rows + rows.num_rows < self.row_group_rows:
+            self._buffer(rows)
+        else:
+            self._write_group(pa.concat_tables([*self._unbuffer(), rows]))
+
+    def compress(self) -> None:
+        """Compress the decoded part of the buffer (memory pressure); rows are unchanged."""
+        frames = [
+            item if isinstance(item, SpoolFrame) else self.codec.encode(item)
+            for item in self._pending
+        ]
+        self._pending = list(frames)
+        self.pending_bytes = sum(frame.size for frame in frames)
+        self.decoded_bytes = 0
+
+    def flush(self) -> None:
+        """Write the buffered rows now, as a shorter row group (the buffers' cap was hit)."""
+        while self.pending_rows:
+            self._write_group(pa.concat_tables(self._unbuffer()))
+
+    def close_file(self) -> None:
+        """Write the buffered rows and close the open file (the next rows start a new one)."""
+        self.flush()
+        if self._writer is not None:
+            self._close_file()
+
+    def abort(self) -> None:
+        """Drop the buffer and close the open file (the run failed; staging is removed)."""
+        self._unbuffer()
+        if self._writer is not None:
+            self._close_file()
+
+    def _buffer(self, rows: pa.Table) -> None:
+        self._pending.append(rows)
+        self.pending_rows += rows.num_rows
+        size = rows.get_total_buffer_size()  # fresh rows: no buffer is shared or sliced
+        self.pending_bytes += size
+        self.decoded_bytes += size
+
+    def _unbuffer(self) -> list[pa.Table]:
+        """The buffered rows, decoded, in order (the buffer is emptied)."""
+        tables = [
+            self.codec.decode(item) if isinstance(item, SpoolFrame) else item
+            for item in self._pending
+        ]
+        self._pending = []
+        self.pending_rows = self.pending_bytes = self.decoded_bytes = 0
+        return tables
+
+    def _write_group(self, table: pa.Table) -> None:
+        """Write ``table`` (at most a row group) as one row group, rolling the file first if it
+        is full; rows after a mid-group roll point go back into the buffer for the next file."""
+        cut = table.num_rows
+        if self._sink is not None and self._sink.tell() >= self.target_file_bytes:
+            cut = self._roll_point(table)
+            if cut == 0:
+                self._close_file()
+                cut = table.num_rows
+        self._write(table.slice(0, cut))
+        if cut < table.num_rows:  # the file's last session ended inside the group
+            self._close_file()
+            rest = table.slice(cut)  # copied: the buffer must not keep the written rows alive
+            self._buffer(rest.take(pa.array(np.arange(rest.num_rows))))
+
+    def _roll_point(self, table: pa.Table) -> int:
+        """Rows of ``table`` that still belong to the full open file: 0 in baseline order or if
+        ``table`` starts a new session, else up to the end of the file's last session."""
+        if not self.split_at_sessions:
+            return 0
+        sessions = table.column(SESSION_ID).to_numpy()
+        if int(sessions[0]) != self._last_session:
+            return 0
+        changes = np.flatnonzero(sessions[1:] != sessions[:-1])
+        return int(changes[0]) + 1 if len(changes) else len(sessions)
+
+    def _write(self, rows: pa.Table) -> None:
+        if self._writer is None:
+            self._open()
+        assert self._writer is not None
+        self._writer.write_table(
+            rows.replace_schema_metadata(self.schema.metadata), row_group_size=self.row_group_rows
+        )
+        if self.split_at_sessions:
+            self._last_session = int(rows.column(SESSION_ID)[-1].as_py())
+
+    def _open(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._sink = pa.OSFile(str(self.directory / part_file_name(self.files)), mode="w")
+        self.files += 1
+        self._writer = pq.ParquetWriter(self._sink, self.schema, **self.writer_options)
+
+    def _close_file(self) -> None:
+        """Close the open file (footer written); the buffer is left as it is."""
+        writer, sink = self._writer, self._sink
+        self._writer = self._sink = None
+        self._last_session = None
+        try:
+            if writer is not None:
+                writer.close()
+        finally:
+            if sink is not None:
+                sink.close()
+
+
+class PartitionWriters:
+    """The open :class:`PartitionWriter` of every partition of a run, with bounded buffers.
+
+    ``append`` takes the rows of one partition from a pass's table, one row group's worth at a
+    time (``take`` materialises at most ``row_group_rows`` rows). After each, while the buffers
+    of all partitions hold more than ``buffer_bytes``, the largest decoded buffer is compressed
+    or, once all are, the largest buffer is written early as a shorter row group. After each
+    append (a whole shard-pass's rows of the partition, so whole sessions), files beyond
+    ``max_open_files`` are closed, least recently written first; the partition's next rows
+    start its next file.
+    """
+
+    def __init__(
+        self,
+        staging: Path,
+        *,
+        schema: pa.Schema,
+        row_group_rows: int,
+        target_file_bytes: int,
+        buffer_bytes: int,
+        split_at_sessions: bool,
+        writer_options: dict[str, Any],
+        max_open_files: int = MAX_OPEN_FILES,
+    ) -> None:
+        if max_open_files < 1:
+            raise ConfigError(f"max_open_files must be >= 1, got {max_open_files}")
+        self.staging = staging
+        self.schema = schema
+        self.writer_options = writer_options
+        """``pq.ParquetWriter`` options of every file (compression, encodings)."""
+        self.row_group_rows = row_group_rows
+        self.target_file_bytes = target_file_bytes
+        self.buffer_bytes = buffer_bytes
+        self.split_at_sessions = split_at_sessions
+        self.max_open_files = max_open_files
+        self.codec = SpoolCodec(schema.remove_metadata())
+        self.writers: dict[Partition, PartitionWriter] = {}
+        self.rows_per_partition: dict[Partition, int] = {}
+        self.buffered_bytes = 0
+        """Bytes held by all buffers (kept <= ``buffer_bytes`` after every append)."""
+        self.compressions = 0
+        """Buffers compressed because the buffers hit ``buffer_bytes``."""
+        self.early_flushes = 0
+        """Row groups written short because the buffers hit ``buffer_bytes``."""
+        self._recent: OrderedDict[Partition, None] = OrderedDict()  # open files, LRU first
+
+    def append(self, partition: Partition, table: pa.Table, indices: pa.Array) -> None:
+        """Append the rows ``table.take(indices)`` (in that order) to ``partition``."""
+        writer = self.writers.get(partition)
+        if writer is None:
+            writer = self.writers[partition] = PartitionWriter(
+                partition.path(self.staging),
+                schema=self.schema,
+                writer_options=self.writer_options,
+                row_group_rows=self.row_group_rows,
+                target_file_bytes=self.target_file_bytes,
+                split_at_sessions=self.split_at_sessions,
+                codec=self.codec,
+            )
+        position, total = 0, len(indices)
+        while position < total:
+            take = min(self.row_group_rows - writer.pending_rows, total - position)
+            before = writer.pending_bytes
+            writer.add(table.take(indices.slice(position, take)))
+            self.buffered_bytes += writer.pending_bytes - before
+            position += take
+            self._touched(partition, writer)
+            self._bound_buffers()
+        self.rows_per_partition[partition] = self.rows_per_partition.get(partition, 0) + total
+        self._close_least_recent()
+
+    def close(self) -> None:
+        """Write every buffer and close every file (in partition order)."""
+        for partition in sorted(self.writers):
+            self.writers[partition].close_file()
+        self._recent.clear()
+        self.buffered_bytes = 0
+
+    def abort(self) -> None:
+        """Close every file without writing the buffers (the run failed)."""
+        for writer in self.writers.values():
+            writer.abort()
+        self._recent.clear()
+        self.buffered_bytes = 0
+
+    def _touched(self, partition: Partition, writer: PartitionWriter) -> None:
+        if writer.is_open:
+            self._recent[partition] = None
+            self._recent.move_to_end(partition)
+        else:
+            self._recent.pop(partition, None)
+
+    def _close_least_recent(self) -> None:
+        """Close files beyond ``max_open_files``, least recently written first. Runs between
+        appends only, when every partition's rows end with a whole session."""
+        while len(self._recent) > self.max_open_files:
+            oldest, _ = self._recent.popitem(last=False)
+            victim = self.writers[oldest]
+            self.buffered_bytes -= victim.pending_bytes
+            victim.close_file()
+
+    def _bound_buffers(self) -> None:
+        # Largest first; ties broken by partition, so that the layout is deterministic.
+        while self.buffered_bytes > self.buffer_bytes:
+            writers = self.writers
+            partition = max(writers, key=lambda p: (writers[p].decoded_bytes, p))
+            writer = writers[partition]
+            before = writer.pending_bytes
+            if writer.decoded_bytes > 0:
+                writer.compress()
+                self.compressions += 1
+            else:
+                partition = max(writers, key=lambda p: (writers[p].pending_bytes, p))
+                writer = writers[partition]
+                before = writer.pending_bytes
+                if before == 0:
+                    break
+                writer.flush()
+                self.early_flushes += 1
+                self._touched(partition, writer)
+            self.buffered_bytes += writer.pending_bytes - before
 
 
 class LocalEtl:
@@ -218,8 +588,8 @@ class LocalEtl:
             quarantine=self.quarantine,
         )
         self.plan: EncodingPlan | None = None
+        self.writers: PartitionWriters | None = None  # made with the plan, on the first rows
         self.manifest = read_shard_manifest(config.shard_dir)
-        self.rows_per_partition: dict[Partition, int] = {}
 
     def run(self) -> EtlReport:
         started = time.perf_counter()
@@ -239,26 +609,32 @@ class LocalEtl:
             try:
                 for shard in shards:
                     self._process_shard(shard)
+                if self.writers is not None:
+                    self.writers.close()  # every file complete before anything is committed
             except BaseException:
+                if self.writers is not None:
+                    self.writers.abort()
                 shutil.rmtree(self.staging, ignore_errors=True)  # hidden anyway; tidy up
                 raise
             finally:
                 if self.quarantine is not None:
                     self.quarantine.close()
             self._count_quarantine()
-            self.report.rows_out = sum(self.rows_per_partition.values())
+            rows_per_partition = {} if self.writers is None else self.writers.rows_per_partition
+            self.report.rows_out = sum(rows_per_partition.values())
             self.report.rows_per_partition = {
-                p.relpath: n for p, n in sorted(self.rows_per_partition.items())
+                p.relpath: n for p, n in sorted(rows_per_partition.items())
             }
             self.report.check_row_accounting()
             records = commit_partitions(
-                self.config.table_dir, self.staging, self.rows_per_partition, run_id=self.run_id
+                self.config.table_dir, self.staging, rows_per_partition, run_id=self.run_id
             )
         assert sum(r.rows for r in records) == self.report.rows_out, "committed rows differ"
         report = self.report
         report.partitions = len(records)
         report.files = sum(len(r.files) for r in records)
         report.bytes_out = sum(f.bytes for r in records for f in r.files)
+        report.row_groups_flushed_early = 0 if self.writers is None else self.writers.early_flushes
         report.seconds = time.perf_counter() - started
         report.rows_per_s = report.rows_in / report.seconds if report.seconds > 0 else 0.0
         report.peak_rss_bytes = peak_rss_bytes()
@@ -274,7 +650,7 @@ class LocalEtl:
 
     def _process_shard(self, shard: Path) -> None:
         decoded_bytes, blocks = shard_size(shard, self.manifest)
-        passes = count_passes(decoded_bytes, self.config.memory_budget_bytes)
+        passes = count_passes(decoded_bytes, pass_budget_bytes(self.config.memory_budget_bytes))
         self.report.passes_per_shard[shard.name] = passes
         if passes > 1:
             log.info("%s: %d decoded bytes -> %d passes", shard.name, decoded_bytes, passes)
@@ -287,7 +663,7 @@ class LocalEtl:
             for pass_index in range(passes):
                 table = self._read_pass(shard, pass_index, passes, b)
                 if table.num_rows:
-                    self._write_pass(table, part_file_name(shard, pass_index, passes))
+                    self._write_pass(table)
                 del table
                 pa.default_memory_pool().release_unused()  # give freed pass memory back
                 delay_s = float(os.environ.get(SHARD_DELAY_ENV, "0") or 0)
@@ -325,55 +701,49 @@ class LocalEtl:
                 batches.append(rows)
         return pa.Table.from_batches(batches, schema=self.validator.row_schema)
 
-    def _write_pass(self, table: pa.Table, file_name: str) -> None:
-        """Sort one pass's rows and write one part file per hourly partition into staging."""
+    def _write_pass(self, table: pa.Table) -> None:
+        """Sort one pass's rows and append each hour's rows to its partition's open file."""
         hours = hour_ids(table.column(TS))
         order = output_order(table, hours, clustered=not self.config.baseline)
         sorted_hours = hours[order.to_numpy()]
-        if self.plan is None:
-            self.plan = plan_encodings(
-                table,
-                order=order,
-                sample_bytes=self._sample_bytes(),
-                mode=self.config.dictionary,
-                zstd_level=self.config.zstd_level,
-                row_group_rows=self.config.row_group_rows,
-            )
-            self.report.encodings = self.plan.describe()
-            for column in self.plan.columns:
-                log.debug("encoding %s: %s (%s)", column.column, column.encoding, column.reason)
+        writers = self.writers or self._start_writers(table, order)
         bounds = np.flatnonzero(np.diff(sorted_hours)) + 1
         starts = np.concatenate([[0], bounds])
         ends = np.concatenate([bounds, [len(sorted_hours)]])
         for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
             partition = Partition.from_hour_id(int(sorted_hours[start]))
-            directory = partition.path(self.staging)
-            directory.mkdir(parents=True, exist_ok=True)
-            self._write_file(directory / file_name, table, order.slice(start, end - start))
-            self.rows_per_partition[partition] = (
-                self.rows_per_partition.get(partition, 0) + end - start
-            )
+            writers.append(partition, table, order.slice(start, end - start))
+
+    def _start_writers(self, table: pa.Table, order: pa.Array) -> PartitionWriters:
+        """Plan the encodings on the first pass's rows (in output order); open the writers."""
+        config = self.config
+        self.plan = plan_encodings(
+            table,
+            order=order,
+            sample_bytes=self._sample_bytes(),
+            mode=config.dictionary,
+            zstd_level=config.zstd_level,
+            row_group_rows=config.row_group_rows,
+        )
+        self.report.encodings = self.plan.describe()
+        for column in self.plan.columns:
+            log.debug("encoding %s: %s (%s)", column.column, column.encoding, column.reason)
+        self.writers = PartitionWriters(
+            self.staging,
+            schema=self.schema,
+            row_group_rows=config.row_group_rows,
+            target_file_bytes=config.target_file_bytes,
+            buffer_bytes=write_buffer_bytes(config.memory_budget_bytes),
+            split_at_sessions=not config.baseline,
+            writer_options={
+                "compression": "zstd",
+                "compression_level": config.zstd_level,
+                **self.plan.writer_options(),
+            },
+            max_open_files=MAX_OPEN_FILES,
+        )
+        return self.writers
 
     def _sample_bytes(self) -> int:
         budget = self.config.memory_budget_bytes
         return SAMPLE_MAX_BYTES if budget is None else min(SAMPLE_MAX_BYTES, budget // 16)
-
-    def _write_file(self, path: Path, table: pa.Table, indices: pa.Array) -> None:
-        assert self.plan is not None
-        rg = self.config.row_group_rows
-        sorting = None
-        if not self.config.baseline:
-            sorting = [pq.SortingColumn(self.schema.get_field_index(name)) for name in CLUSTER_KEYS]
-        with pq.ParquetWriter(
-            path,
-            self.schema,
-            compression="zstd",
-            compression_level=self.config.zstd_level,
-            sorting_columns=sorting,
-            **self.plan.writer_options(),
-        ) as writer:
-            for start in range(0, len(indices), rg):
-                chunk = table.take(indices.slice(start, rg))
-                writer.write_table(
-                    chunk.replace_schema_metadata(self.schema.metadata), row_group_size=rg
-                )

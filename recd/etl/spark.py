@@ -9,17 +9,29 @@ spread over a Spark cluster::
               validates them with recd.etl.validate (the same checks, messages and quarantine
               as the local engine); yields Arrow record batches + ``_hour`` = ts // 1 h (UTC
               by construction: integer ms since the epoch, no time zone involved)
-    shuffle   repartition(N, session_id)            (Spark's murmur3 hash of session_id)
-              sortWithinPartitions(_hour, session_id, ts, request_id)
+    shuffle   repartition(N, session_id)            (Spark's murmur3 hash of session_id;
+              sortWithinPartitions(_hour, session_id,  N sized for target_file_bytes, below)
+                                   ts, request_id)
     stage 2   sink "recd_table": each task streams its sorted rows into one zstd Parquet file
               per hour, TABLE/_tmp-<run>/ds=D/hour=HH/part-NNNNN.parquet, written by pyarrow
     driver    commit every staged partition with recd.etl.commit (_SUCCESS, rename)
 
 A session lives in exactly one shuffle partition, so each session's rows of an hour are
 contiguous and ts-sorted in exactly one file, as with the local engine. ``baseline`` keeps
-arrival order instead: one unit per shard, no shuffle, a stable sort by hour (``_seq`` = unit
-<< 40 | row in unit), one ``part-SSSS.parquet`` per shard and hour, exactly like the local
-engine's files.
+arrival order instead: one unit per shard, no shuffle, ``coalesce(N)`` (contiguous runs of
+shards per task) and a sort by hour and ``_seq`` (= unit << 40 | row in unit): each task's file
+of an hour holds its shards' rows shard after shard in arrival order, so the files of a
+partition in name order hold exactly the rows of the local engine's files, in the same order.
+
+Files per hour. Every write task writes one file per hour it has rows for, so an hour gets N
+files (N = ``output_partitions``). The default sizes N for ``target_file_bytes`` per file:
+``ceil(decoded bytes x parquet fraction / (hours x target_file_bytes))``, at least 1, where
+decoded bytes come from the shards' frame headers, the Parquet fraction (file bytes per decoded
+byte) is measured by writing the encoding sample with the chosen plan, and hours is the window
+(or, without one, the span of the first shard, which like every session shard covers the whole
+log window). Files then come out near the target, not hours x compression ratio times smaller
+as with N = decoded bytes / target. Fewer tasks mean less write parallelism: pass
+``output_partitions`` to trade file size for parallelism.
 
 Why pyarrow writes the files (and not Spark's Parquet writer): readers recover the catalogue
 from the Arrow schema metadata (recd.schema.CATALOGUE_METADATA_KEY), sparse columns must read
@@ -68,7 +80,7 @@ Then either::
 An already active SparkSession (spark-submit, a notebook, tests) is used as it is and left
 running; a session this module starts is stopped at the end. Without a master from the
 argument, ``SPARK_MASTER`` or spark-submit, Spark runs in process as ``local[*]``. The output
-has ``output_partitions`` files per hour (default: the number of shards, like the local engine);
+has ``output_partitions`` files per hour (default: sized for ``target_file_bytes``, above);
 units are about UNIT_BYTES of decoded rows, so a few large shards still spread over many
 executors. Memory per task is bounded by one block (decode), Spark's spilling sort (shuffle)
 and one row group (write); ``memory_budget_bytes`` does not apply (Spark manages memory).
@@ -79,12 +91,14 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import struct
 import sys
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -127,15 +141,20 @@ from recd.etl.commit import (
     staging_dir,
 )
 from recd.etl.config import EtlConfig, EtlReport, window_of
-from recd.etl.encodings import SAMPLE_MAX_BYTES, SAMPLE_ROWS, EncodingPlan, plan_encodings
+from recd.etl.encodings import (
+    SAMPLE_MAX_BYTES,
+    SAMPLE_ROWS,
+    EncodingPlan,
+    column_chunk_bytes,
+    plan_encodings,
+)
 from recd.etl.local import (
     CLUSTER_KEYS,
     list_shards,
     output_order,
-    part_file_name,
     peak_rss_bytes,
 )
-from recd.etl.partitions import Partition, hour_ids, parse_partition_dir
+from recd.etl.partitions import MS_PER_HOUR, Partition, hour_ids, parse_partition_dir
 from recd.etl.validate import (
     FRAME_HEADER_BYTES,
     ZSTD_MAX_FRAME_HEADER_BYTES,
@@ -580,22 +599,16 @@ def write_sorted_rows(
 ) -> list[tuple[str, str, int]]:
     """Stage 2 on an executor: rows sorted by ``_hour`` first -> one file per hour.
 
-    File names: ``part-NNNNN.parquet`` (NNNNN: the task's partition) when clustered; baseline
-    names files after the shard of the unit (``part-SSSS.parquet``, as the local engine does).
+    File names: ``part-NNNNN.parquet``, NNNNN the task's partition (clustered and baseline).
     """
     schema = job.catalogue().arrow_schema()
     files: list[tuple[str, str, int]] = []
     current: HourFileWriter | None = None
     done_hours: set[int] = set()
-    task_units: set[int] = set()  # baseline: the one unit (shard) of this task
     try:
         for batch in batches:
             if batch.num_rows == 0:
                 continue
-            if job.baseline:
-                units = np.unique(batch.column(SEQ_COLUMN).to_numpy() >> UNIT_SHIFT).tolist()
-                task_units.update(units)
-                assert len(task_units) == 1, f"baseline task {task} holds units {task_units}"
             hours = batch.column(HOUR_COLUMN).to_numpy(zero_copy_only=False)
             starts = np.concatenate([[0], np.flatnonzero(np.diff(hours)) + 1])
             ends = np.concatenate([starts[1:], [len(hours)]])
@@ -610,7 +623,7 @@ def write_sorted_rows(
                             _fail_once(job, f"write-task-{task:05d}")
                     assert hour not in done_hours, f"task {task}: rows not sorted by hour"
                     done_hours.add(hour)
-                    name = _file_name(job, rows, task=task)
+                    name = f"part-{task:05d}.parquet"
                     current = HourFileWriter(job, schema, Partition.from_hour_id(hour), name)
                 current.write(rows)
         if current is not None:
@@ -620,13 +633,6 @@ def write_sorted_rows(
         if current is not None:
             current.abort()
     return files
-
-
-def _file_name(job: SparkJob, rows: pa.Table, *, task: int) -> str:
-    if not job.baseline:
-        return f"part-{task:05d}.parquet"
-    unit = int(rows.column(SEQ_COLUMN)[0].as_py()) >> UNIT_SHIFT
-    return part_file_name(Path(job.units[unit].path), 0, 1)
 
 
 class _TableWriter(DataSourceArrowWriter):
@@ -677,7 +683,8 @@ def run_spark_etl(
     ``spark``: the session to use (default: the active one, else a new one, stopped at the
     end). ``master``: Spark master URL for a new session (default: ``config.spark_master`` if
     the config has it, else ``$SPARK_MASTER``, else spark-submit's or ``local[*]``).
-    ``output_partitions``: shuffle partitions = files per hour (default: number of shards).
+    ``output_partitions``: write tasks = files per hour (default: sized so that files hold
+    about ``config.target_file_bytes``, see the module docstring).
     ``unit_bytes``: decoded shard bytes per read task.
     """
     if output_partitions is not None and output_partitions < 1:
@@ -741,6 +748,8 @@ class SparkEtl:
         self.staging = staging_dir(self.table_dir, self.run_id)
         self.output_partitions = output_partitions
         self.unit_bytes = unit_bytes
+        self.parquet_fraction = 1.0
+        """File bytes per decoded byte, measured on the encoding sample (1.0 until then)."""
         self.report = EtlReport(
             run_id=self.run_id,
             engine="spark",
@@ -760,7 +769,8 @@ class SparkEtl:
                     shards, unit_bytes=None if self.config.baseline else self.unit_bytes
                 )
                 job = self._job(units)
-                self._run_job(spark, job, partitions=self.output_partitions or len(shards))
+                partitions = self.output_partitions or self._default_partitions(units)
+                self._run_job(spark, job, partitions=partitions)
                 self._count_units(units)
                 staged = self._staged_files()
             except BaseException:
@@ -840,8 +850,9 @@ class SparkEtl:
         table = pa.Table.from_batches(batches)
         order = output_order(table, hour_ids(table.column(TS)), clustered=not self.config.baseline)
         budget = self.config.memory_budget_bytes
-        return plan_encodings(
-            table.take(order.slice(0, SAMPLE_ROWS)),
+        sample = table.take(order.slice(0, SAMPLE_ROWS))
+        plan = plan_encodings(
+            sample,
             sample_bytes=SAMPLE_MAX_BYTES
             if budget is None
             else min(SAMPLE_MAX_BYTES, budget // 16),
@@ -849,6 +860,48 @@ class SparkEtl:
             zstd_level=self.config.zstd_level,
             row_group_rows=self.config.row_group_rows,
         )
+        # File bytes per decoded byte, for sizing the output (small row groups of a small
+        # sample compress worse than the table: an overestimate, so files err on the small side).
+        written = column_chunk_bytes(
+            sample,
+            plan,
+            zstd_level=self.config.zstd_level,
+            row_group_rows=self.config.row_group_rows,
+        )
+        if sample.nbytes:
+            self.parquet_fraction = min(1.0, sum(written.values()) / sample.nbytes)
+        return plan
+
+    def _default_partitions(self, units: list[Unit]) -> int:
+        """Write tasks for files of about ``target_file_bytes`` (see the module docstring)."""
+        partitions = default_output_partitions(
+            decoded_bytes=sum(u.decoded_bytes for u in units),
+            parquet_fraction=self.parquet_fraction,
+            hours=self._estimate_hours(units),
+            target_file_bytes=self.config.target_file_bytes,
+        )
+        log.info("spark: %d output partitions (files per hour)", partitions)
+        return partitions
+
+    def _estimate_hours(self, units: list[Unit]) -> int:
+        """Hours the table spans: the window's, else the first shard's first to last frame."""
+        start_ms, end_ms = self.config.start_ms, self.config.end_ms
+        if start_ms is not None and end_ms is not None:
+            return max(1, (end_ms - start_ms) // MS_PER_HOUR)
+        if not units:
+            return 1
+        shard_units = [u for u in units if u.path == units[0].path]
+        first = _frame_hours(self.catalogue, next(iter_unit_frames(shard_units[0]), None))
+        last_frame = deque(iter_unit_frames(shard_units[-1]), maxlen=1)
+        last = _frame_hours(self.catalogue, last_frame[0] if last_frame else None)
+        if first is None or last is None:
+            return 1
+        low, high = first[0], last[1]
+        if start_ms is not None:
+            low = max(low, start_ms // MS_PER_HOUR)
+        if end_ms is not None:
+            high = min(high, end_ms // MS_PER_HOUR - 1)
+        return max(1, high - low + 1)
 
     def _run_job(self, spark: SparkSession, job: SparkJob, *, partitions: int) -> None:
         spark.dataSource.register(ShardSource)
@@ -857,7 +910,7 @@ class SparkEtl:
         rows = spark.read.format(SHARD_SOURCE).schema(job.row_spark_schema()).options(**options)
         df = rows.load()
         if job.baseline:
-            df = df.sortWithinPartitions(HOUR_COLUMN, SEQ_COLUMN)
+            df = df.coalesce(partitions).sortWithinPartitions(HOUR_COLUMN, SEQ_COLUMN)
         else:
             df = df.repartition(partitions, SESSION_ID).sortWithinPartitions(
                 HOUR_COLUMN, *CLUSTER_KEYS
@@ -919,6 +972,32 @@ class SparkEtl:
                 n for r, n in expected if r == relpath
             }, f"{partition_dir}: staged files differ from the job's manifest"
         return [(str(r), str(n), int(k)) for r, n, k in files]
+
+
+def default_output_partitions(
+    *, decoded_bytes: int, parquet_fraction: float, hours: int, target_file_bytes: int
+) -> int:
+    """Write tasks so that each of an hour's files holds about ``target_file_bytes``:
+    ``ceil(decoded_bytes x parquet_fraction / (hours x target_file_bytes))``, at least 1."""
+    file_bytes = decoded_bytes * parquet_fraction / max(1, hours)
+    return max(1, math.ceil(file_bytes / target_file_bytes))
+
+
+def _frame_hours(catalogue: Catalogue, frame: Frame | None) -> tuple[int, int] | None:
+    """(first, last) hour id of the valid rows of one shard frame, or None if it has none."""
+    if frame is None:
+        return None
+    validator = BlockValidator(catalogue=catalogue, start_ms=None, end_ms=None)
+    try:
+        result = validator.check(
+            decode_frame(frame), path=frame.path, block=frame.index, record=False
+        )
+    except RecdError:
+        return None
+    if result.rows is None or result.rows.num_rows == 0:
+        return None
+    hours = hour_ids(result.rows.column(TS))
+    return int(hours.min()), int(hours.max())
 
 
 def _last_line(text: str, marker: str) -> str:

@@ -2,7 +2,9 @@
 
 The child slows down deterministically through the documented test hooks
 ``RECD_ETL_TEST_SHARD_DELAY_S`` (sleep after each shard pass is staged) and
-``RECD_ETL_TEST_COMMIT_DELAY_S`` (sleep before each partition is renamed into place).
+``RECD_ETL_TEST_COMMIT_DELAY_S`` (sleep before each partition is renamed into place). It writes
+row groups of ROW_GROUP_ROWS rows, so that the partitions' files (open across all shards) are
+being written while shards are still read: the first kill hits half-written Parquet files.
 """
 
 from __future__ import annotations
@@ -22,18 +24,18 @@ try:  # tests/ is a package (tests/__init__.py) or pytest put tests/ itself on s
     from tests.unit.etl_shards import (
         MS_PER_HOUR,
         all_rows,
-        is_clustered,
         make_rows,
         read_committed,
+        sessions_clustered,
         write_shards,
     )
 except ModuleNotFoundError:
     from unit.etl_shards import (  # type: ignore[no-redef]
         MS_PER_HOUR,
         all_rows,
-        is_clustered,
         make_rows,
         read_committed,
+        sessions_clustered,
         write_shards,
     )
 
@@ -50,12 +52,14 @@ from recd.etl.local import SHARD_DELAY_ENV, run_etl
 from recd.etl.partitions import iter_partition_dirs
 from recd.schema import REQUEST_ID, TS, Catalogue
 
-CHILD = """
+ROW_GROUP_ROWS = 16
+CHILD = f"""
 import sys
 from pathlib import Path
 from recd.etl.config import EtlConfig
 from recd.etl.local import run_etl
-run_etl(EtlConfig(shard_dir=Path(sys.argv[1]), table_dir=Path(sys.argv[2]), show_progress=False))
+run_etl(EtlConfig(shard_dir=Path(sys.argv[1]), table_dir=Path(sys.argv[2]), show_progress=False,
+                  row_group_rows={ROW_GROUP_ROWS}))
 print("finished")
 """
 
@@ -109,10 +113,14 @@ def assert_no_partial_partition(table: Path, rows: pa.Table) -> None:
 
 
 def rerun_completes(shard_dir: Path, table: Path, rows: pa.Table) -> None:
-    report = run_etl(EtlConfig(shard_dir=shard_dir, table_dir=table, show_progress=False))
+    report = run_etl(
+        EtlConfig(
+            shard_dir=shard_dir, table_dir=table, show_progress=False, row_group_rows=ROW_GROUP_ROWS
+        )
+    )
     assert report.rows_out == report.rows_in == rows.num_rows
     assert all_rows(table).equals(rows.sort_by(REQUEST_ID))
-    assert all(is_clustered(t) for _, _, t in read_committed(table))
+    assert all(sessions_clustered(t) for _, _, t in read_committed(table))
     assert_no_partial_partition(table, rows)
     assert not list(table.glob(f"{STAGING_PREFIX}*")) and not list(
         table.glob(f"ds=*/{TRASH_PREFIX}*")
@@ -124,7 +132,9 @@ def test_kill_while_staging_shards_leaves_nothing_visible(
 ) -> None:
     table = tmp_path / "table"
     child = start_child(shard_dir, table, {SHARD_DELAY_ENV: "0.3"})
-    kill_when(child, lambda: any(table.glob(f"{STAGING_PREFIX}*/ds=*/hour=*/part-0001.parquet")))
+    # A staged file exists after the first shard; five more shards (>= 1.5 s) keep it open.
+    staged = f"{STAGING_PREFIX}*/ds=*/hour=*/part-00000.parquet"
+    kill_when(child, lambda: any(table.glob(staged)))
     assert list(table.glob(f"{STAGING_PREFIX}*")), "the kill should leave a staging dir behind"
     assert list_committed_partitions(table) == []
     assert list(iter_partition_dirs(table)) == []

@@ -4,7 +4,10 @@ A child process runs the ETL on a table ~8x the budget; it reports its peak RSS 
 which starts afresh at exec, unlike ``ru_maxrss`` which includes the parent's RSS at fork)
 after imports (the baseline) and at the end. The bounded run must stay under
 baseline + FIXED_OVERHEAD + BUDGET_MULTIPLE x budget; a control run of the same data with no
-budget (one pass per shard) must use clearly more.
+budget (one pass per shard) must use clearly more. The partition writers' row buffers are
+inside the budget (a quarter of it; passes get the rest), so the bound is the same as when
+every shard-pass wrote its own files; the open writers themselves (~0.5 MB each, one per
+partition) are part of the fixed overhead.
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ from recd.etl.local import run_etl  # noqa: E402
 from recd.etl.partitions import MS_PER_HOUR, Partition  # noqa: E402
 from recd.etl.spark import (  # noqa: E402
     FAIL_ONCE_ENV,
+    default_output_partitions,
     iter_unit_frames,
     plan_units,
     run_spark_etl,
@@ -210,18 +211,50 @@ def test_clustered_table_matches_the_local_engine(
     assert not [p.name for p in table.iterdir() if p.name.startswith(("_tmp", "_trash"))]
 
 
-def test_baseline_files_equal_the_local_engine_files(
+def partition_rows(table_dir: Path) -> dict[str, pa.Table]:
+    """Each committed partition's rows: its files concatenated in name order."""
+    files: dict[str, list[pa.Table]] = {}
+    for relpath, _, rows in read_committed(table_dir):
+        files.setdefault(relpath, []).append(rows)
+    return {relpath: pa.concat_tables(tables) for relpath, tables in files.items()}
+
+
+def test_baseline_partitions_hold_the_local_engines_rows_in_order(
     spark: SparkSession, shards: Path, tmp_path: Path
 ) -> None:
-    run_etl(config(shards, tmp_path / "local", baseline=True))
-    report = run_spark_etl(config(shards, tmp_path / "spark", baseline=True), spark=spark)
+    local_report = run_etl(config(shards, tmp_path / "local", baseline=True))
+    assert local_report.files == local_report.partitions  # one file per partition
+    # Two write tasks, each a contiguous run of shards: two files per hour.
+    report = run_spark_etl(
+        config(shards, tmp_path / "spark", baseline=True), spark=spark, output_partitions=2
+    )
     assert not report.clustered
-    local = {(r, p.name): t for r, p, t in read_committed(tmp_path / "local")}
-    ours = {(r, p.name): t for r, p, t in read_committed(tmp_path / "spark")}
-    assert ours.keys() == local.keys()  # part-SSSS.parquet per shard and hour
-    for key, rows in ours.items():
-        assert rows.equals(local[key]), f"{key}: not the local engine's arrival order"
+    assert report.partitions < report.files <= 2 * report.partitions
+    local = partition_rows(tmp_path / "local")
+    ours = partition_rows(tmp_path / "spark")
+    assert ours.keys() == local.keys()
+    for relpath, rows in ours.items():
+        # Shard after shard, each in arrival order, over the files in name order.
+        assert rows.equals(local[relpath]), f"{relpath}: not the local engine's arrival order"
     assert not all(is_clustered(t) for t in ours.values())  # the input really was interleaved
+
+
+def test_default_output_partitions_aim_at_the_target_file_size() -> None:
+    gib = 1 << 30
+
+    def partitions(target_file_bytes: int, decoded_bytes: int = 48 * gib) -> int:
+        # 48 GiB decoded over 24 hours, files 1/6 of decoded: 341 MiB of files per hour.
+        return default_output_partitions(
+            decoded_bytes=decoded_bytes,
+            parquet_fraction=1 / 6,
+            hours=24,
+            target_file_bytes=target_file_bytes,
+        )
+
+    assert partitions(256 << 20) == 2
+    assert partitions(100 << 20) == 4
+    assert partitions(4 * gib) == 1
+    assert partitions(1, decoded_bytes=0) == 1
 
 
 def bad_shard_dir(tmp_path: Path, shards: Path, *, kinds: str) -> Path:
@@ -297,6 +330,7 @@ def test_quarantine_counts_and_keeps_what_the_local_engine_does_despite_retries(
         1,
     )
     assert report.rows_in == report.rows_out + report.rows_quarantined
+    assert report.files == report.partitions  # default output size: one file per hour here
     assert all_rows(tmp_path / "spark").equals(all_rows(tmp_path / "local"))
     assert report.quarantine_dir is not None and local.quarantine_dir is not None
     ours, theirs = Path(report.quarantine_dir), Path(local.quarantine_dir)
@@ -321,12 +355,14 @@ def test_cli_engine_spark_with_a_window(
     table = tmp_path / "table"
     argv = ["etl", str(shards), "--table", str(table), "--engine", "spark", "--no-progress"]
     argv += ["--start", "2026-11-01/01", "--end", "2026-11-01T02:00:00"]
+    argv += ["--target-file-mb", "0.01"]  # ~10 KB files: the hour is spread over several tasks
     args = parser.parse_args([*argv, "--json", str(tmp_path / "r.json")])
     assert args.func(args) == 0
     out = capsys.readouterr().out
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["engine"] == "spark" and "rows/s" in out
     assert list(report["rows_per_partition"]) == ["ds=2026-11-01/hour=01"]
+    assert report["files"] > 1
     assert report["rows_out"] == report["rows_in"] > 0 and report["rows_outside_window"] > 0
     assert report["rows_read"] == report["rows_in"] + report["rows_outside_window"]
     hours = all_rows(table).column(TS).to_numpy() // MS_PER_HOUR

@@ -150,3 +150,34 @@ def session_runs(table: pa.Table) -> int:
     """Number of runs of equal session_id (== distinct sessions iff sessions are contiguous)."""
     s = table.column(SESSION_ID).to_numpy()
     return int(len(s) > 0) + int((s[1:] != s[:-1]).sum())
+
+
+def sessions_clustered(table: pa.Table) -> bool:
+    """Every session one contiguous run, sorted by (ts, request_id); session ids in any order."""
+    s = table.column(SESSION_ID).to_numpy()
+    t = table.column(TS).to_numpy()
+    r = table.column(REQUEST_ID).to_numpy()
+    same_s = s[1:] == s[:-1]
+    ordered = (t[1:] > t[:-1]) | ((t[1:] == t[:-1]) & (r[1:] > r[:-1]))
+    contiguous = session_runs(table) == len(np.unique(s))
+    return bool(contiguous and ordered[same_s].all())
+
+
+def clustered_shard_by_shard(table: pa.Table, num_shards: int) -> bool:
+    """The local engine's layout of a file: the rows of shard 0, then shard 1, ..., each shard's
+    rows sorted by (session_id, ts, request_id)."""
+    shard = shard_of_sessions(table.column(SESSION_ID).to_numpy(), num_shards)
+    if (np.diff(shard) < 0).any():
+        return False
+    bounds = np.flatnonzero(np.diff(shard)) + 1
+    starts = np.concatenate([[0], bounds]).tolist()
+    ends = np.concatenate([bounds, [len(shard)]]).tolist()
+    return all(
+        is_clustered(table.slice(a, b - a)) for a, b in zip(starts, ends, strict=True) if b > a
+    )
+
+
+def row_group_rows(path: Path) -> list[int]:
+    """Rows of every row group of a Parquet file."""
+    meta = pq.read_metadata(path)
+    return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]

@@ -19,16 +19,19 @@ from recd.etl.commit import SUCCESS_FILE, list_committed_files
 from recd.etl.config import EtlConfig, EtlReport
 from recd.etl.local import run_etl
 from recd.etl.partitions import Partition
+from recd.logs.rawlog import read_catalogue
 from recd.schema import REQUEST_ID, SESSION_ID, TS, Catalogue, catalogue_from_schema
 
 from .etl_shards import (
     MS_PER_HOUR,
     START_MS,
     all_rows,
-    is_clustered,
+    clustered_shard_by_shard,
     make_rows,
     read_committed,
+    row_group_rows,
     session_runs,
+    sessions_clustered,
     shard_of_sessions,
     write_shards,
 )
@@ -59,21 +62,35 @@ def test_clustered_partitions_hold_every_row_once_sessions_contiguous_and_sorted
     files = read_committed(tmp_path / "table")
     assert files, "no partition committed"
     for relpath, path, table in files:
-        assert is_clustered(table), path
+        # One file per partition (all shards appended), shard after shard, each clustered.
+        assert path.name == "part-00000.parquet", path
+        assert clustered_shard_by_shard(table, 3), path
+        assert sessions_clustered(table), path
         sessions = pc.count_distinct(table.column(SESSION_ID)).as_py()
         assert session_runs(table) == sessions, f"{path}: a session is split into several runs"
         hours = pc.divide(table.column(TS), MS_PER_HOUR).to_numpy()
         assert {Partition.from_hour_id(int(h)).relpath for h in np.unique(hours)} == {relpath}
+        # Full row groups of exactly row_group_rows, except the file's last one.
+        sizes = row_group_rows(path)
+        assert all(n == 50 for n in sizes[:-1]) and 0 < sizes[-1] <= 50, (path, sizes)
         meta = pq.read_metadata(path)
-        assert all(meta.row_group(i).num_rows <= 50 for i in range(meta.num_row_groups))
         assert meta.row_group(0).column(0).compression == "ZSTD"
+        # Session ids are not sorted across shards: the file must not claim a sort order.
+        assert all(not meta.row_group(i).sorting_columns for i in range(meta.num_row_groups))
         assert catalogue_from_schema(pq.read_schema(path)).name == "tiny"
+    assert any(table.num_rows > 50 for _, _, table in files), "no multi-row-group file"
+    shards_per_file = [
+        len(np.unique(shard_of_sessions(table.column(SESSION_ID).to_numpy(), 3)))
+        for _, _, table in files
+    ]
+    assert max(shards_per_file) == 3, "files should gather the rows of every shard"
     # Multiset of rows out == rows in, full content (request_id is unique).
     assert all_rows(tmp_path / "table").equals(rows.sort_by(REQUEST_ID))
     assert report.rows_in == report.rows_out == rows.num_rows
     assert report.rows_quarantined == 0
     assert sum(report.rows_per_partition.values()) == rows.num_rows
-    assert report.files == len(files)
+    assert report.files == len(files) == report.partitions
+    assert report.row_groups_flushed_early == 0
 
 
 def test_a_session_lives_in_one_file_per_partition(tmp_path: Path, shard_dir: Path) -> None:
@@ -88,18 +105,124 @@ def test_a_session_lives_in_one_file_per_partition(tmp_path: Path, shard_dir: Pa
 def test_baseline_keeps_arrival_order_per_shard_and_hour(
     tmp_path: Path, shard_dir: Path, rows: pa.Table
 ) -> None:
-    report = etl(shard_dir, tmp_path / "table", baseline=True)
+    report = etl(shard_dir, tmp_path / "table", baseline=True, row_group_rows=50)
     assert not report.clustered
     shard = shard_of_sessions(rows.column(SESSION_ID).to_numpy(), 3)
     hour = rows.column(TS).to_numpy() // MS_PER_HOUR
     files = read_committed(tmp_path / "table")
     for relpath, path, table in files:
-        k = int(path.name.removeprefix("part-").removesuffix(".parquet"))
+        assert path.name == "part-00000.parquet", path  # one file per partition
         h = Partition(ds=relpath[3:13], hour=int(relpath[-2:])).hour_id
-        expected = rows.filter(pa.array((shard == k) & (hour == h)))  # input order
+        # Shard after shard, each in input (arrival) order.
+        expected = pa.concat_tables(
+            [rows.filter(pa.array((shard == k) & (hour == h))) for k in range(3)]
+        )
         assert table.replace_schema_metadata(None).equals(expected), path
+        sizes = row_group_rows(path)
+        assert all(n == 50 for n in sizes[:-1]), (path, sizes)
     assert all_rows(tmp_path / "table").equals(rows.sort_by(REQUEST_ID))
-    assert not all(is_clustered(t) for _, _, t in files)  # the input really was interleaved
+    assert not all(sessions_clustered(t) for _, _, t in files)  # the input was interleaved
+
+
+def partition_files(table_dir: Path) -> dict[str, list[tuple[Path, pa.Table]]]:
+    out: dict[str, list[tuple[Path, pa.Table]]] = {}
+    for relpath, path, table in read_committed(table_dir):
+        out.setdefault(relpath, []).append((path, table))
+    return out
+
+
+def test_files_roll_over_at_the_target_size_between_sessions(
+    tmp_path: Path, shard_dir: Path, rows: pa.Table
+) -> None:
+    target = 3_000
+    report = etl(shard_dir, tmp_path / "table", row_group_rows=20, target_file_bytes=target)
+    assert all_rows(tmp_path / "table").equals(rows.sort_by(REQUEST_ID))
+    by_partition = partition_files(tmp_path / "table")
+    assert report.files > 2 * report.partitions, "tiny target: several files per partition"
+    for relpath, files in by_partition.items():
+        names = [path.name for path, _ in files]
+        assert names == [f"part-{i:05d}.parquet" for i in range(len(files))], names
+        seen: set[int] = set()
+        for path, table in files:
+            sessions = set(pc.unique(table.column(SESSION_ID)).to_pylist())
+            assert not sessions & seen, f"{path}: a session spans two files of {relpath}"
+            seen |= sessions
+            assert sessions_clustered(table), path
+            sizes = row_group_rows(path)
+            assert all(n == 20 for n in sizes[:-1]), (path, sizes)  # only the last is short
+        for path, _ in files[:-1]:  # closed because they reached the target
+            assert path.stat().st_size >= target, path
+        # In name order the files hold the partition's rows shard after shard, clustered.
+        whole = pa.concat_tables(table for _, table in files)
+        assert clustered_shard_by_shard(whole, 3), relpath
+    # The same rows, partitions and order as with one file per partition.
+    etl(shard_dir, tmp_path / "single", row_group_rows=20)
+    for relpath, files in partition_files(tmp_path / "single").items():
+        assert len(files) == 1
+        rolled = pa.concat_tables(table for _, table in by_partition[relpath])
+        assert rolled.equals(files[0][1]), relpath
+
+
+def test_row_groups_are_short_only_at_file_ends_or_when_buffers_hit_their_cap(
+    tmp_path: Path, shard_dir: Path, rows: pa.Table
+) -> None:
+    # 16 kB budget: 4 kB of write buffers for 2 partitions of 100-row groups (~200 B a row).
+    report = etl(shard_dir, tmp_path / "table", row_group_rows=100, memory_budget_bytes=16_000)
+    assert all_rows(tmp_path / "table").equals(rows.sort_by(REQUEST_ID))
+    assert report.row_groups_flushed_early > 0
+    short = 0
+    for _, path, table in read_committed(tmp_path / "table"):
+        sizes = row_group_rows(path)
+        assert all(0 < n <= 100 for n in sizes)
+        short += sum(n < 100 for n in sizes[:-1])
+        assert sessions_clustered(table), path
+    assert 0 < short <= report.row_groups_flushed_early
+
+
+def test_partition_writers_bound_open_files_and_buffers(
+    tmp_path: Path, shard_dir: Path, rows: pa.Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import recd.etl.local as local
+
+    writers = local.PartitionWriters(
+        tmp_path / "staging",
+        schema=read_catalogue(shard_dir).arrow_schema(),
+        row_group_rows=40,
+        target_file_bytes=1 << 30,
+        buffer_bytes=2_500,  # ~12 decoded rows of ~200 B: buffers get compressed, then flushed
+        split_at_sessions=False,
+        writer_options={"compression": "zstd"},
+        max_open_files=2,
+    )
+    partitions = [Partition(ds="2026-11-01", hour=h) for h in range(3)]
+    indices = pa.array(np.arange(rows.num_rows))
+    for round_ in range(3):
+        for i, partition in enumerate(partitions):
+            writers.append(partition, rows, indices.slice(30 * (3 * round_ + i), 30))
+            assert sum(w.is_open for w in writers.writers.values()) <= 2
+            pending = sum(w.pending_bytes for w in writers.writers.values())
+            assert writers.buffered_bytes == pending <= 2_500
+    writers.close()
+    assert writers.compressions > 0 and writers.early_flushes > 0
+    for i, partition in enumerate(partitions):
+        files = sorted(partition.path(tmp_path / "staging").glob("part-*.parquet"))
+        assert [f.name for f in files] == [local.part_file_name(k) for k in range(len(files))]
+        got = pa.concat_tables(pq.read_table(f) for f in files).replace_schema_metadata(None)
+        expected = pa.concat_tables(rows.slice(30 * (3 * r + i), 30) for r in range(3))
+        assert got.equals(expected.combine_chunks()), partition
+    assert writers.rows_per_partition == {p: 90 for p in partitions}
+    # The engine passes the bound through: a run with 1 open file at a time still works.
+    monkeypatch.setattr(local, "MAX_OPEN_FILES", 1)
+    report = etl(shard_dir, tmp_path / "table", row_group_rows=10)
+    assert report.files > report.partitions
+    assert all_rows(tmp_path / "table").equals(rows.sort_by(REQUEST_ID))
+    for relpath, written in partition_files(tmp_path / "table").items():
+        seen: set[int] = set()
+        for path, table in written:  # files close between shards: sessions stay whole
+            sessions = set(pc.unique(table.column(SESSION_ID)).to_pylist())
+            assert not sessions & seen, f"{path}: a session spans two files of {relpath}"
+            seen |= sessions
+            assert sessions_clustered(table), path
 
 
 def test_hour_partitioning_at_boundaries(tmp_path: Path, tiny_catalogue: Catalogue) -> None:
@@ -141,6 +264,13 @@ def test_rerun_is_idempotent_byte_identical(tmp_path: Path, shard_dir: Path) -> 
     etl(shard_dir, tmp_path / "other")
     assert snapshot(tmp_path / "other") == first
     assert any(name.endswith(SUCCESS_FILE) for name in first)
+    # Rolled files, several passes and early buffer flushes are deterministic too.
+    tight = {"memory_budget_bytes": 16_000, "target_file_bytes": 4_000, "row_group_rows": 60}
+    report = etl(shard_dir, tmp_path / "tight", **tight)
+    assert report.files > report.partitions and report.row_groups_flushed_early > 0
+    assert max(report.passes_per_shard.values()) > 1
+    etl(shard_dir, tmp_path / "tight2", **tight)
+    assert snapshot(tmp_path / "tight2") == snapshot(tmp_path / "tight")
     hidden = [
         p.name for p in (tmp_path / "table").iterdir() if p.name.startswith(("_tmp", "_trash"))
     ]
@@ -169,10 +299,13 @@ def test_memory_budget_splits_shards_into_passes_same_rows(
     assert all_rows(tmp_path / "table").equals(rows.sort_by(REQUEST_ID))
     seen: set[tuple[str, int]] = set()
     for relpath, path, table in read_committed(tmp_path / "table"):
-        assert path.name.count("-") == 2, path.name  # part-SSSS-PP.parquet
-        assert is_clustered(table)
+        assert path.name == "part-00000.parquet", path  # passes append to the same file
+        # A session split across passes would show up as two runs of its id.
+        assert sessions_clustered(table), f"{path}: a session was split across passes"
+        shard = shard_of_sessions(table.column(SESSION_ID).to_numpy(), 3)
+        assert (np.diff(shard) >= 0).all(), "shards not appended in order"
         sessions = {(relpath, s) for s in pc.unique(table.column(SESSION_ID)).to_pylist()}
-        assert not sessions & seen, "a session was split across passes"
+        assert not sessions & seen
         seen |= sessions
 
 
@@ -215,6 +348,7 @@ def test_config_checks_name_the_field(tmp_path: Path) -> None:
 
     cases: list[tuple[dict[str, Any], str]] = [
         ({"row_group_rows": 0}, "row_group_rows"),
+        ({"target_file_bytes": 0}, "target_file_bytes"),
         ({"zstd_level": 30}, "zstd_level"),
         ({"memory_budget_bytes": 0}, "memory_budget_bytes"),
         ({"dictionary": "some"}, "dictionary"),
@@ -260,6 +394,8 @@ def test_cli_runs_and_writes_the_report(
             "5",
             "--memory-budget",
             "0.05",
+            "--target-file-mb",
+            "0.005",
             "--json",
             str(tmp_path / "r.json"),
         ]
@@ -271,6 +407,7 @@ def test_cli_runs_and_writes_the_report(
     assert report["rows_out"] == rows.num_rows
     assert report["peak_rss_bytes"] > 0 and report["bytes_out"] > 0
     assert max(report["passes_per_shard"].values()) > 1
+    assert report["files"] > report["partitions"]  # 5 KiB files roll over
 
 
 def test_passes_come_from_the_manifest_when_it_lists_decoded_sizes(
@@ -284,5 +421,6 @@ def test_passes_come_from_the_manifest_when_it_lists_decoded_sizes(
     shards = [{"shard": k, "uncompressed_bytes": 40 * 2**20, "blocks": 5} for k in range(3)]
     (shard_dir / "_manifest.json").write_text(json.dumps({"key": "session", "shards": shards}))
     report = etl(shard_dir, tmp_path / "b", memory_budget_bytes=budget)
-    assert set(report.passes_per_shard.values()) == {12}  # ceil(3.0 x 40 MiB / 10 MiB)
+    # ceil(3.0 x 40 MiB / 7.5 MiB): a quarter of the budget goes to the write buffers.
+    assert set(report.passes_per_shard.values()) == {16}
     assert all_rows(tmp_path / "b").equals(rows.sort_by(REQUEST_ID))
