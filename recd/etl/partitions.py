@@ -2,8 +2,8 @@
 
 A table is laid out Hive-style, one directory per hour of log time::
 
-    TABLE/ds=2026-11-01/hour=00/part-0000.parquet
-    TABLE/ds=2026-11-01/hour=01/part-0000.parquet
+    TABLE/ds=2026-11-01/hour=00/part-00000.parquet
+    TABLE/ds=2026-11-01/hour=01/part-00000.parquet
 
 Everything here works on whole hours: a partition is identified by its ``hour_id`` (hours since
 the Unix epoch), so mapping millions of timestamps to partitions is one integer division.
