@@ -11,12 +11,16 @@ A pipeline config (``pipelines/*.toml``) names a work directory and one table pe
 
 Stages write into ``work_dir``: ``raw/`` (arrival order), ``shards/{session,random}/`` (O1),
 ``table/`` (clustered, O2) and ``table_baseline/`` (arrival order, from the random shards, the
-unclustered baseline), ``train/`` (metrics, loss plot), ``report.json`` (every stage's numbers).
+unclustered baseline), ``train/`` (metrics, loss plot, checkpoints and their sidecars),
+``train.toml`` (the training job as run), ``report.json`` (every stage's numbers). The training
+stage runs ``recd train`` as a child process, stops it with SIGTERM once it has written its
+first checkpoint, and finishes the run with ``recd train --resume``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -231,23 +235,146 @@ def run_pipeline(config: PipelineConfig, *, show_progress: bool = True) -> dict[
     print(format_report(analysis))
 
     if config.train.config:
-        from recd.train.loop import format_summary, train_from_pipeline
-
         train_config = config.config_dir / config.train.config
         print(
             f"[5/5 train]   {train_config.name} on the clustered table with the proposed dedup groups"
         )
-        result = train_from_pipeline(
+        report["train"] = train_with_sigterm_and_resume(
             work,
             train_config,
             dedup_sparse_features=analysis.dedup_sparse_features,
             steps=config.train.steps,
             show_progress=show_progress,
         )
-        report["train"] = result.to_dict()
-        print(format_summary(result))
 
     report_path = work / "report.json"
     report_path.write_text(json.dumps(report, indent=1, default=str))
     print(f"report: {report_path}")
     return report
+
+
+# ----------------------------------------------------------------------------- training stage
+def write_stage_train_config(
+    work_dir: Path,
+    config_path: Path,
+    *,
+    dedup_sparse_features: list[list[str]] | None = None,
+    steps: int | None = None,
+) -> Path:
+    """``work_dir/train.toml``: ``config_path`` with this job's table, run directory, dedup
+    groups and step count (what ``train_from_pipeline`` overrides in-process)."""
+    try:
+        data = tomllib.loads(config_path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{config_path}: cannot read the training config: {exc}") from exc
+    data.setdefault("reader", {})["table"] = str(Path(work_dir).resolve() / "table")
+    if dedup_sparse_features is not None:
+        data["reader"]["dedup_sparse_features"] = [list(g) for g in dedup_sparse_features]
+    data.setdefault("train", {})["run_dir"] = str(Path(work_dir).resolve() / "train")
+    if steps is not None:
+        data["train"]["steps"] = steps
+    data.get("checkpoint", {}).pop("dir", None)  # the checkpoints follow the run directory
+    path = Path(work_dir) / "train.toml"
+    path.write_text(f"# Written by recd run from {config_path}\n" + dump_toml(data))
+    return path
+
+
+def train_with_sigterm_and_resume(
+    work_dir: Path,
+    config_path: Path,
+    *,
+    dedup_sparse_features: list[list[str]] | None = None,
+    steps: int | None = None,
+    show_progress: bool = True,
+) -> dict[str, Any]:
+    """The ``make run`` training stage, which also shows recovery from a checkpoint.
+
+    ``recd train`` runs as a child process; once it has written its first periodic
+    checkpoint it gets SIGTERM (it finishes the step in flight, writes a checkpoint, exits
+    0), then ``recd train --resume`` continues from the newest checkpoint to the end. The
+    loss history ``.loss.json`` must then hold exactly one entry per step. Returns the
+    resumed run's ``train.json`` result plus what the demonstration saw.
+    """
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from recd.checkpoint import newest_valid_checkpoint, read_loss_history
+    from recd.errors import RecdError
+    from recd.train.config import load_train_config
+
+    job = write_stage_train_config(
+        work_dir, config_path, dedup_sparse_features=dedup_sparse_features, steps=steps
+    )
+    config = load_train_config(job)
+    run_dir = config.checkpoint_dir
+    shutil.rmtree(config.train.run_dir, ignore_errors=True)  # a fresh run every time
+    shutil.rmtree(run_dir, ignore_errors=True)
+    command = [sys.executable, "-m", "recd", "train", "--config", str(job)]
+    env = {**os.environ, "RECD_PROGRESS": "1" if show_progress else "0"}
+    first_checkpoint = run_dir / f"step_{config.checkpoint.checkpoint_every:06d}.bin"
+    demo: dict[str, Any] = {"signal": "SIGTERM", "after": first_checkpoint.name}
+    began = time.perf_counter()
+    child = subprocess.Popen(command, env=env)
+    while child.poll() is None and not first_checkpoint.exists():
+        time.sleep(0.02)
+    if child.poll() is None:
+        child.send_signal(signal.SIGTERM)
+    code = child.wait()
+    if code != 0:
+        raise RecdError(f"recd train --config {job} exited with code {code}")
+    newest = newest_valid_checkpoint(run_dir)
+    demo |= {"exit_code": code, "newest_checkpoint": None if newest is None else newest.name}
+    print(
+        f"[5/5 train]   SIGTERM once {first_checkpoint.name} was written: exit code {code}, "
+        f"newest checkpoint {newest.name if newest else None}; resuming with --resume"
+    )
+    code = subprocess.run([*command, "--resume"], env=env, check=False).returncode
+    if code != 0:
+        raise RecdError(f"recd train --config {job} --resume exited with code {code}")
+    history = read_loss_history(run_dir)
+    steps_done = history.steps.tolist()
+    one_per_step = steps_done == list(range(1, len(steps_done) + 1))
+    demo |= {
+        "loss_entries": len(steps_done),
+        "one_entry_per_step": one_per_step,
+        "seconds": time.perf_counter() - began,
+    }
+    print(
+        f"[5/5 train]   {run_dir / '.loss.json'}: {len(steps_done)} entries for steps "
+        f"1..{steps_done[-1] if steps_done else 0}"
+        + (", one per step across the restart" if one_per_step else ": NOT one per step")
+    )
+    result = json.loads((config.train.run_dir / "train.json").read_text())["result"]
+    return {**result, "checkpoint_demo": demo}
+
+
+def dump_toml(data: dict[str, Any]) -> str:
+    """TOML text of ``data`` (tables, arrays, inline tables in arrays, str/int/float/bool)."""
+
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, int | float):
+            return repr(v)
+        if isinstance(v, str):
+            return json.dumps(v)  # a JSON string is a valid TOML basic string
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{json.dumps(k)} = {value(x)}" for k, x in v.items()) + " }"
+        raise ConfigError(f"cannot write {v!r} ({type(v).__name__}) as TOML")
+
+    def table(prefix: str, body: dict[str, Any]) -> list[str]:
+        lines = [f"[{prefix}]"] if prefix else []
+        lines += [
+            f"{json.dumps(k)} = {value(v)}" for k, v in body.items() if not isinstance(v, dict)
+        ]
+        for k, v in body.items():
+            if isinstance(v, dict):
+                lines += ["", *table(f"{prefix}.{k}" if prefix else k, v)]
+        return lines
+
+    return "\n".join(table("", data)).strip() + "\n"

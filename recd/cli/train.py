@@ -6,6 +6,9 @@ import argparse
 import os
 from pathlib import Path
 
+SHUTDOWN_TIMEOUT_S = 600
+"""Seconds torchrun's agent waits for workers it signalled before it SIGKILLs them."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
@@ -16,14 +19,22 @@ def register(sub: argparse._SubParsersAction) -> None:
             "evaluate loss, normalized entropy and AUC on the held-out partitions, and write "
             "RUN_DIR/metrics.jsonl (samples/s, peak memory), RUN_DIR/loss.png and "
             "RUN_DIR/train.json. With --nproc N > 1 the job runs as N torchrun workers "
-            "(gloo on CPU, nccl on GPU)."
+            "(gloo on CPU, nccl on GPU). Checkpoints (RUN_DIR/step_NNNNNN.bin with .loss.json, "
+            ".samples.json, .state.json) every [checkpoint] checkpoint_every steps, at the end, "
+            "and on signals: SIGTERM = checkpoint and exit 0, SIGUSR1 = checkpoint and continue "
+            "(send them to this process, also with --nproc)."
         ),
     )
     parser.add_argument(
         "--config", type=Path, required=True, help="train TOML, e.g. pipelines/train_small.toml"
     )
     parser.add_argument("--steps", type=int, metavar="N", help="override [train] steps")
-    parser.add_argument("--run-dir", type=Path, metavar="DIR", help="override [train] run_dir")
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        metavar="DIR",
+        help="override [train] run_dir (and the checkpoint directory, [checkpoint] dir)",
+    )
     parser.add_argument(
         "--seed", type=int, metavar="S", help="override [train] seed and [reader] seed"
     )
@@ -33,16 +44,26 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="trainer processes (override [train] world_size); N > 1 launches torchrun",
     )
-    parser.set_defaults(func=_run)
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help=(
+            "continue from the newest valid checkpoint of the run directory (weights, Adam "
+            "state, step, reader position, RNG: bit-exact); a fresh start when it has none"
+        ),
+    )
+    parser.set_defaults(func=run_train)
 
 
-def _run(args: argparse.Namespace) -> int:
+def run_train(args: argparse.Namespace) -> int:
+    """The ``recd train`` handler (also what ``recd pivot`` runs after its preparation)."""
     # Heavy imports (torch, torchrec) only here: `recd --help` stays fast.
     from recd.errors import ConfigError
     from recd.progress import progress_enabled
     from recd.train.config import load_train_config
     from recd.train.launch import in_torchrun, launch_torchrun
     from recd.train.loop import format_summary, run_training
+    from recd.train.signals import forward_signals_to_workers
 
     config = load_train_config(args.config)
     if args.steps is not None:
@@ -51,6 +72,7 @@ def _run(args: argparse.Namespace) -> int:
         config.train.steps = args.steps
     if args.run_dir is not None:
         config.train.run_dir = args.run_dir.resolve()
+        config.checkpoint.dir = None  # the checkpoints follow the run directory
     if args.seed is not None:
         if args.seed < 0:
             raise ConfigError(f"--seed: expected an integer >= 0, got {args.seed}")
@@ -62,10 +84,15 @@ def _run(args: argparse.Namespace) -> int:
     if in_torchrun():
         config.train.world_size = int(os.environ["WORLD_SIZE"])
     elif nproc > 1:
-        return launch_torchrun(nproc, _worker_args(args))
+        # SIGTERM / SIGUSR1 to this launcher reach the workers (recd.train.signals); torchrun's
+        # agent gives workers it shuts down this long to finish their checkpoint.
+        os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_S))
+        with forward_signals_to_workers():
+            return launch_torchrun(nproc, _worker_args(args))
     else:
         config.train.world_size = 1
-    result = run_training(config, show_progress=progress_enabled())
+    resume = bool(getattr(args, "resume", False))
+    result = run_training(config, show_progress=progress_enabled(), resume=resume)
     if not in_torchrun() or os.environ["RANK"] == "0":
         print(format_summary(result))
     return 0
@@ -82,4 +109,6 @@ def _worker_args(args: argparse.Namespace) -> list[str]:
         out += ["--run-dir", str(args.run_dir.resolve())]
     if args.seed is not None:
         out += ["--seed", str(args.seed)]
+    if getattr(args, "resume", False):
+        out.append("--resume")
     return out

@@ -32,10 +32,16 @@
     seed = 0
     run_dir = "../runs/small/train"
 
-Relative paths (``reader.table``, ``train.run_dir``) are resolved against the TOML file's
-directory, as :func:`recd.reader.config.load_reader_config` does. Every check names the field
-and the offending value (``ConfigError``, exit code 2 in the CLI). A ``[reader]`` table without
-``seed`` uses ``train.seed``, so one seed fixes the whole run (weights and data order).
+    [checkpoint]             # optional: these are the defaults (recd.train.checkpointing)
+    checkpoint_every = 100   # step_NNNNNN.bin + a sample audit every 100 steps, and at the end
+    keep_last = 3            # retention: the newest 3 ...
+    keep_every = 10          # ... plus every checkpoint at a multiple of 10 x 100 steps
+
+Relative paths (``reader.table``, ``train.run_dir``, ``checkpoint.dir``) are resolved against
+the TOML file's directory, as :func:`recd.reader.config.load_reader_config` does. Every check
+names the field and the offending value (``ConfigError``, exit code 2 in the CLI). A
+``[reader]`` table without ``seed`` uses ``train.seed``, so one seed fixes the whole run
+(weights and data order).
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from recd.optim import AdamConfig
 from recd.reader.config import ReaderConfig, Shuffle
 
 __all__ = [
+    "CheckpointSection",
     "EvalConfig",
     "ModelSection",
     "OptimSection",
@@ -275,8 +282,72 @@ class RunSection:
 
 
 @dataclass(kw_only=True, slots=True)
+class CheckpointSection:
+    """The ``[checkpoint]`` table: cadence, retention and where the run directory is.
+
+    The run directory (``dir``) holds ``step_NNNNNN.bin``, ``_layout.json`` and the three
+    sidecars ``.loss.json``, ``.samples.json``, ``.state.json`` (``shared/specs/checkpoint.md``).
+    """
+
+    enabled: bool = True
+    """Write checkpoints (periodic, on SIGTERM / SIGUSR1, at the end) and the sidecars."""
+    dir: Path | None = None
+    """The run directory of the checkpoints and sidecars; None: ``train.run_dir``."""
+    checkpoint_every: int = 100
+    """Write ``step_NNNNNN.bin`` every this many optimizer steps (and at the last step)."""
+    sample_every: int | None = None
+    """Write a sample audit to ``.samples.json`` every this many steps; None: equal to
+    ``checkpoint_every`` (the spec's default: every checkpoint has an audit and every audit a
+    recovery point). Must be a multiple of ``checkpoint_every`` (so every audit still lands on
+    a checkpoint); 0 disables the audits."""
+    keep_last: int = 3
+    """Retention: always keep the newest K checkpoints."""
+    keep_every: int = 10
+    """Retention: also keep forever every checkpoint whose step is a multiple of
+    ``keep_every * checkpoint_every``; 0: none."""
+    background: bool = True
+    """Snapshot at the step boundary, then write on a background thread (one write in flight;
+    the next snapshot waits for it). False: write before the next step starts."""
+    audit_keep: int = 100
+    """``.samples.json`` keeps the most recent this many audits."""
+    on_replay_mismatch: Literal["warn", "raise"] = "warn"
+    """A resumed run replays the steps after its checkpoint; when a replayed loss differs
+    (bitwise) from the one in ``.loss.json`` the resume was not bit-exact: ``raise``
+    (SidecarError, stops training) or ``warn``. CPU training here is deterministic; fused GPU
+    kernels may not be, hence the default."""
+
+    def __post_init__(self) -> None:
+        _check_int("checkpoint.checkpoint_every", self.checkpoint_every, minimum=1)
+        if self.sample_every is None:
+            self.sample_every = self.checkpoint_every
+        _check_int("checkpoint.sample_every", self.sample_every, minimum=0)
+        if self.sample_every % self.checkpoint_every:
+            raise ConfigError(
+                f"checkpoint.sample_every: {self.sample_every} is not a multiple of "
+                f"checkpoint.checkpoint_every = {self.checkpoint_every} (every sample audit "
+                "must match a recovery point)"
+            )
+        _check_int("checkpoint.keep_last", self.keep_last, minimum=1)
+        _check_int("checkpoint.keep_every", self.keep_every, minimum=0)
+        _check_int("checkpoint.audit_keep", self.audit_keep, minimum=1)
+        if self.on_replay_mismatch not in ("warn", "raise"):
+            raise ConfigError(
+                "checkpoint.on_replay_mismatch: expected 'warn' or 'raise', got "
+                f"{self.on_replay_mismatch!r}"
+            )
+        for name in ("enabled", "background"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(
+                    f"checkpoint.{name}: expected true or false, got {getattr(self, name)!r}"
+                )
+        if self.dir is not None:
+            self.dir = Path(self.dir)
+
+
+@dataclass(kw_only=True, slots=True)
 class TrainConfig:
-    """One training job: ``[reader]``, ``[eval]``, ``[model]``, ``[optim]``, ``[train]``."""
+    """One training job: ``[reader]``, ``[eval]``, ``[model]``, ``[optim]``, ``[train]``,
+    ``[checkpoint]``."""
 
     reader: ReaderConfig
     """The training partitions and how they are batched (rank / world_size are set per
@@ -289,6 +360,14 @@ class TrainConfig:
     """Adam hyper-parameters."""
     train: RunSection = field(default_factory=RunSection)
     """Steps, cadences, seed, output directory, devices."""
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    """Checkpoints, sample audits, retention (``[checkpoint]``)."""
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """The run directory of the checkpoints and sidecars (``checkpoint.dir`` or
+        ``train.run_dir``)."""
+        return self.checkpoint.dir if self.checkpoint.dir is not None else self.train.run_dir
 
     def __post_init__(self) -> None:
         if self.eval is not None and _overlap(
@@ -333,6 +412,10 @@ class TrainConfig:
             "model": {**dataclasses.asdict(self.model), "dedup": self.model.dedup.value},
             "optim": dataclasses.asdict(self.optim),
             "train": {**dataclasses.asdict(self.train), "run_dir": str(self.train.run_dir)},
+            "checkpoint": {
+                **dataclasses.asdict(self.checkpoint),
+                "dir": None if self.checkpoint.dir is None else str(self.checkpoint.dir),
+            },
         }
 
     @classmethod
@@ -343,7 +426,7 @@ class TrainConfig:
 
         Unknown tables or keys are errors naming ``source`` and the key.
         """
-        known = ("reader", "eval", "model", "optim", "train")
+        known = ("reader", "eval", "model", "optim", "train", "checkpoint")
         unknown = sorted(set(data) - set(known))
         if unknown:
             raise ConfigError(
@@ -371,7 +454,21 @@ class TrainConfig:
             model = _build(ModelSection, {**model_data, "sequence": sequence}, "model")
             optim = _build(OptimSection, dict(data.get("optim", {})), "optim")
             evaluation = _build(EvalConfig, dict(data["eval"]), "eval") if "eval" in data else None
-            return cls(reader=reader, eval=evaluation, model=model, optim=optim, train=train)
+            checkpoint = _build(CheckpointSection, dict(data.get("checkpoint", {})), "checkpoint")
+            if (
+                base_dir is not None
+                and checkpoint.dir is not None
+                and not checkpoint.dir.is_absolute()
+            ):
+                checkpoint.dir = base_dir / checkpoint.dir
+            return cls(
+                reader=reader,
+                eval=evaluation,
+                model=model,
+                optim=optim,
+                train=train,
+                checkpoint=checkpoint,
+            )
         except ConfigError as exc:
             if str(exc).startswith(source):
                 raise

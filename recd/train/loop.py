@@ -8,7 +8,8 @@ Read top to bottom, :meth:`Trainer.train` is the whole job::
         loss   = bce(logits, batch.labels); loss.backward(); adam.step()
         every log_every steps:  metrics.jsonl line (loss, samples/s, peak memory), progress
         every eval_every steps: loss / NE / AUC on the held-out partitions
-        hooks.after_step(trainer, step, loss)   (checkpoints, signals: issue 5)
+        hooks.after_step(trainer, step, loss)   (user hooks, then the Checkpointer)
+    hooks.after_train(trainer)                  (the final checkpoint)
     loss.png, train.json
 
 Determinism: ``train.seed`` seeds torch before the model is built and (unless ``reader.seed``
@@ -16,11 +17,12 @@ is given) the reader's shuffle; nothing afterwards draws random numbers (dropout
 the reader's batch order is canonical whatever its worker timing. So a config + seed gives
 bit-identical losses on the same machine and thread count.
 
-State for checkpoints (issue 5): :meth:`Trainer.capture_state` at a step boundary holds
-everything a bit-exact resume needs (model, optimizer with its step counter, reader position,
-RNG), :meth:`Trainer.restore_state` puts it back; a :class:`StepHook` runs after every step
-and may call :meth:`Trainer.request_stop`. The flat checkpoint regions come from
-``trainer.optimizer.export_state()`` (``recd.optim.ModelAdam``).
+State for checkpoints: :meth:`Trainer.capture_state` at a step boundary holds everything a
+bit-exact resume needs (model, optimizer with its step counter, reader position, RNG),
+:meth:`Trainer.restore_state` puts it back; a :class:`StepHook` runs after every step and may
+call :meth:`Trainer.request_stop`. :func:`run_training` adds the
+:class:`recd.train.checkpointing.Checkpointer` (``[checkpoint]``: checkpoints, SIGTERM /
+SIGUSR1, sidecars, ``resume``).
 
 Several processes (``train.world_size > 1``, launched by ``recd train --nproc N``): each rank
 reads its share of the units (``reader.rank``/``world_size``), every rank runs the same number
@@ -40,6 +42,7 @@ import json
 import logging
 import math
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +60,7 @@ from recd.errors import ConfigError
 from recd.optim import FlatState, ModelAdam
 from recd.progress import progress_bar
 from recd.reader import ReaderConfig, ResumableLoader, build_plan
+from recd.reader.config import Shuffle
 from recd.schema import Catalogue, SparseKind
 from recd.train.config import TrainConfig, load_train_config
 from recd.train.launch import DistContext, destroy_distributed, in_torchrun, init_distributed
@@ -199,7 +203,11 @@ class TrainState:
 
 
 class StepHook(Protocol):
-    """Called after every optimizer step, at the step boundary (after logging and eval)."""
+    """Called after every optimizer step, at the step boundary (after logging and eval).
+
+    A hook may also define ``after_train(trainer)``, called once when the loop ends (on every
+    rank, at the same step), before the summary files are written.
+    """
 
     def after_step(self, trainer: Trainer, step: int, loss: float) -> None:
         """``step``: steps completed; ``loss``: that step's training loss (all ranks' mean)."""
@@ -352,6 +360,10 @@ class Trainer:
                     hook.after_step(self, self.step, loss)
         if self.step < cfg.steps and self._stop_reason is None:
             self._stop_reason = f"the reader ran out of batches after step {self.step}"
+        for hook in self.hooks:
+            after_train = getattr(hook, "after_train", None)  # optional (final checkpoint)
+            if after_train is not None:
+                after_train(self)
         result = TrainResult(
             first_step=first_step,
             steps=self.step,
@@ -404,6 +416,41 @@ class Trainer:
         self.loader.load_state_dict(state.reader)
         torch.set_rng_state(state.rng)
         self.step = state.step
+
+    def read_audit_batch(self) -> Batch:
+        """The fixed batch of the sample audits (``.samples.json``), on this rank's device.
+
+        The first held-out batch when ``[eval]`` is given (every rank reads the same one),
+        else the first batch of the training partitions in table order as one process reads
+        them (also the same on every rank). Reading it moves no training position.
+        """
+        if self.eval_loader is not None and self._eval_start is not None:
+            loader = self.eval_loader
+            loader.load_state_dict(self._eval_start)
+        else:
+            config = dataclasses.replace(
+                self.reader_config,
+                rank=0,
+                world_size=1,
+                num_workers=0,
+                shuffle=Shuffle.NONE,
+                num_epochs=1,
+            )
+            loader = ResumableLoader(config)
+        batches = iter(loader)
+        try:
+            batch = next(batches)
+        except StopIteration:
+            raise ConfigError(
+                f"checkpoint audit: no rows to audit in {self.config.reader.table}"
+            ) from None
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+        if self._eval_start is not None and loader is self.eval_loader:
+            loader.load_state_dict(self._eval_start)
+        return batch.to(self.device)
 
     def close(self) -> None:
         """Stop the reader's worker processes and release the optimizer's hooks."""
@@ -575,6 +622,12 @@ def _prepare_reader(
     return catalogue, reader
 
 
+def model_config_of(config: TrainConfig) -> ModelConfig:
+    """The model ``config`` builds (reads the table's catalogue; no weights are made)."""
+    catalogue, _ = _prepare_reader(config, 0, 1)
+    return build_model_config(config, catalogue)
+
+
 def build_model_config(config: TrainConfig, catalogue: Catalogue) -> ModelConfig:
     """The :class:`models.ModelConfig` of ``[model]`` for the table's catalogue."""
     m = config.model
@@ -693,29 +746,54 @@ def run_training(
     *,
     hooks: Sequence[StepHook] = (),
     show_progress: bool = True,
+    resume: bool = False,
 ) -> TrainResult:
     """Train ``config`` in this process; inside a torchrun worker, as its rank of the job.
 
     ``train.world_size > 1`` must run under torchrun (``recd train --nproc N`` launches it).
+    With ``[checkpoint] enabled`` (the default) a :class:`recd.train.checkpointing.Checkpointer`
+    runs after ``hooks``: checkpoints every ``checkpoint_every`` steps, on SIGTERM (then stops)
+    and SIGUSR1, and at the end, with the run directory's sidecars. ``resume``: continue from
+    the newest valid checkpoint of the run directory (a fresh start when there is none);
+    without it a run directory that already holds checkpoints is refused.
     """
+    from recd.train.checkpointing import Checkpointer
+    from recd.train.signals import SignalFlags
+
+    use_checkpoints = config.checkpoint.enabled
+    signals: SignalFlags | None = None
+    if use_checkpoints and threading.current_thread() is threading.main_thread():
+        signals = SignalFlags().install()  # early: a SIGTERM during start-up is not fatal
     dist: DistContext | None = None
-    if in_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
-        dist = init_distributed(config.train.device)
-        config.train.world_size = dist.world_size
-    elif config.train.world_size > 1:
-        raise ConfigError(
-            f"train.world_size = {config.train.world_size} needs torchrun: run "
-            "`recd train --nproc N` (or set train.world_size = 1)"
-        )
     try:
+        if in_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
+            dist = init_distributed(config.train.device)
+            config.train.world_size = dist.world_size
+        elif config.train.world_size > 1:
+            raise ConfigError(
+                f"train.world_size = {config.train.world_size} needs torchrun: run "
+                "`recd train --nproc N` (or set train.world_size = 1)"
+            )
         trainer = Trainer(config, dist=dist, hooks=hooks, show_progress=show_progress)
+        checkpointer = None
         try:
-            return trainer.train()
+            if use_checkpoints:
+                checkpointer = Checkpointer(config, signals=signals)
+                checkpointer.attach(trainer, resume=resume)
+                trainer.hooks.append(checkpointer)
+            result = trainer.train()
+            if checkpointer is not None:
+                checkpointer.close()  # waits for the write in flight; raises if it failed
+            return result
         finally:
+            if checkpointer is not None:
+                checkpointer.close(raise_errors=False)
             trainer.close()
     finally:
         if dist is not None:
             destroy_distributed()
+        if signals is not None:
+            signals.uninstall()
 
 
 def train_from_pipeline(

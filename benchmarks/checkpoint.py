@@ -1,0 +1,563 @@
+"""Checkpoint benchmark: what checkpointing costs a training run, and what resuming costs.
+
+    python benchmarks/checkpoint.py            # DLRM, ~10M parameters (~121 MB files), cadence 100
+    python benchmarks/checkpoint.py --quick    # tiny model and table, cadence 20 (CI size)
+
+Data: synthetic logs of the ``small`` profile (``--quick``: ``tiny``) through the real
+generate -> session shards -> clustering ETL; ``--work-dir`` keeps the table for the next run.
+Model: the plain DLRM (``kind = "dlrm"``) of that catalogue with embedding width 32 and up to
+100,000 rows per table (about 10.1M parameters; a checkpoint is ``8 + 12 n`` bytes), Adam,
+batch 256, one intra-op thread (``--threads``).
+
+1. **Stall, in one run.** Three trainers of the same config and seed (same weights, same
+   batches) live in one process and take turns, one segment of ``--every`` steps at a time:
+   *off* (no checkpoints), *checkpoint* (the real :class:`recd.train.checkpointing.Checkpointer`
+   at cadence ``--every``: sample audit + reader state on the training thread, the snapshot
+   copy on the writer thread overlapping the next forward pass, then sidecars, ``O_DIRECT``
+   temp file, fsync, rename, retention in the background) and *raw* (a raw ``O_DIRECT``
+   write + fsync of the same bytes on a background thread at the same steps: what any writer
+   of these bytes costs here). Segments run from step 50 to 150, 150 to 250, ..., so each
+   checkpoint falls half-way through a segment and its background write ends inside it (a
+   write still running at the segment's end is waited for, and counted). Segment i of the
+   three trainers covers the same steps on the same batches, moments apart, in alternating
+   order: the variation of the work between segments and the drift of the machine's load
+   cancel. ``stall_fraction = sum(checkpoint segments) / sum(off segments) - 1``: the extra
+   wall time of training with a checkpoint every ``--every`` steps, relative to training
+   without (CheckFreq's "overhead"), the background write's competition for cores and memory
+   included. ``blocked_fraction``: the training thread's own checkpoint time (audit, reader
+   state, waiting for the snapshot copy or for a previous write) over the training time;
+   ``train_thread_cpu_excess``: the training thread's extra CPU time (robust to other
+   processes' load).
+2. **Write bandwidth.** ``write_bw_vs_raw`` = bytes / time the writer spent on the checkpoint
+   file (temp file, sequential writes, fsync, rename, fsync dir) during training, over bytes /
+   time of the raw background writes of the same bytes during training (same directory, same
+   priority). Also both idle (interleaved, ``--raw-reps`` each, after one settling write).
+3. **Resume.** A fresh interpreter (``recd`` imported from scratch) resumes from the newest
+   checkpoint and trains one step; times: start-up (interpreter, imports, building reader,
+   model and optimizer), read (validate + read the file into memory), load (copy into the
+   model and Adam, reader position, RNG), first step.
+
+Writes benchmarks/results/checkpoint.json and checkpoint.md (``--quick``: checkpoint_quick.*).
+Targets (measured, not asserted): stall_fraction <= 0.02, write_bw_vs_raw >= 0.7.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(ROOT))
+
+TARGET_STALL = 0.02
+TARGET_BW = 0.7
+
+
+@dataclass(frozen=True)
+class Size:
+    profile: str
+    sessions: int | None
+    embedding_dim: int
+    max_rows: int
+    every: int
+    blocks: int
+
+
+FULL = Size(
+    profile="small", sessions=None, embedding_dim=32, max_rows=100_000, every=100, blocks=20
+)
+QUICK = Size(profile="tiny", sessions=600, embedding_dim=8, max_rows=1000, every=20, blocks=3)
+
+CONFIG = """
+[reader]
+table = "{table}"
+batch_size = 256
+shuffle = "session"
+num_epochs = 1000
+
+[model]
+kind = "dlrm"
+embedding_dim = {embedding_dim}
+max_rows = {max_rows}
+
+[optim]
+lr = 0.001
+
+[train]
+steps = {steps}
+log_every = 1000000
+eval_every = 0
+seed = 0
+run_dir = "{run_dir}"
+num_threads = {threads}
+plot = false
+
+[checkpoint]
+checkpoint_every = 1000000000
+keep_last = 2
+keep_every = 0
+"""
+
+
+def build_table(size: Size, work: Path) -> Path:
+    """The clustered table of ``size.profile`` (reused when ``work`` already has it)."""
+    from recd.etl.config import EtlConfig
+    from recd.etl.local import run_etl
+    from recd.logs.generate import generate_logs
+    from recd.logs.shard import shard_logs
+    from recd.schema import load_catalogue
+
+    table = work / f"table-{size.profile}-{size.sessions}"
+    if (table / "_recd_bench_done").exists():
+        return table
+    raw, shards = work / "raw", work / "shards"
+    generate_logs(
+        load_catalogue(size.profile),
+        raw,
+        seed=1,
+        num_sessions=size.sessions,
+        show_progress=False,
+        overwrite=True,
+    )
+    shard_logs(raw, shards, key="session", num_shards=4, show_progress=False)
+    run_etl(EtlConfig(shard_dir=shards, table_dir=table, show_progress=False))
+    (table / "_recd_bench_done").touch()
+    return table
+
+
+def write_config(
+    path: Path, table: Path, run_dir: Path, size: Size, steps: int, threads: int
+) -> Path:
+    path.write_text(
+        CONFIG.format(
+            table=table,
+            run_dir=run_dir,
+            embedding_dim=size.embedding_dim,
+            max_rows=size.max_rows,
+            steps=steps,
+            threads=threads,
+        )
+    )
+    return path
+
+
+# ---------------------------------------------------------------------------- 1. stall
+KINDS = ("off", "checkpoint", "raw")
+"""The three trainers: no checkpoints; checkpoints every ``every`` steps (the real
+Checkpointer); a raw background write of the same number of bytes every ``every`` steps."""
+
+
+class RawWriter:
+    """Step hook: every ``every`` steps a raw sequential ``O_DIRECT`` write + fsync of
+    ``size_bytes`` on a background thread (niced like the checkpoint writer): what any writer
+    of these bytes costs on this disk and these cores."""
+
+    def __init__(self, directory: Path, size_bytes: int, every: int) -> None:
+        self.directory = directory
+        self.size_bytes = size_bytes
+        self.every = every
+        self.image = random_image(size_bytes)
+        self.seconds: list[float] = []
+        self._thread: threading.Thread | None = None
+
+    def after_step(self, trainer: Any, step: int, loss: float) -> None:
+        if step % self.every == 0:
+            self.wait()
+            self._thread = threading.Thread(target=self._run, name="raw-writer")
+            self._thread.start()
+
+    def _run(self) -> None:
+        from recd.train.checkpointing import _lower_thread_priority
+
+        _lower_thread_priority()
+        self.seconds += raw_write_s(self.directory, self.image, self.size_bytes, 1, direct=True)
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
+class StepsOnly:
+    """Forwards ``after_step`` only (the segment ends are not the end of training)."""
+
+    def __init__(self, hook: Any) -> None:
+        self.hook = hook
+
+    def after_step(self, trainer: Any, step: int, loss: float) -> None:
+        self.hook.after_step(trainer, step, loss)
+
+
+def measure_stall(config_path: Path, size: Size) -> dict[str, Any]:
+    """Three identical trainers (same seed: same weights, same batches) take turns, one
+    segment of ``every`` steps at a time; each segment holds one checkpoint (or raw write) of
+    the trainers that make them, half-way through, so its background write ends inside the
+    segment. Segment i of every trainer trains on the same batches, moments apart."""
+    import shutil
+
+    from recd.train.checkpointing import Checkpointer
+    from recd.train.config import load_train_config
+    from recd.train.loop import Trainer
+
+    trainers: dict[str, Any] = {}
+    checkpointer = None
+    raw = None
+    for kind in KINDS:
+        config = load_train_config(config_path)
+        config.train.run_dir = config.train.run_dir.parent / f"{config.train.run_dir.name}-{kind}"
+        shutil.rmtree(config.train.run_dir, ignore_errors=True)
+        config.checkpoint.checkpoint_every = size.every
+        trainer = Trainer(config, show_progress=False)
+        if kind == "checkpoint":
+            checkpointer = Checkpointer(config)
+            checkpointer.attach(trainer)
+            trainer.hooks.append(StepsOnly(checkpointer))
+        elif kind == "raw":
+            config.train.run_dir.mkdir(parents=True)
+            raw = RawWriter(config.train.run_dir, 0, size.every)  # sized below
+            trainer.hooks.append(raw)
+        trainers[kind] = trainer
+    assert checkpointer is not None and raw is not None
+    n_params = checkpointer.layout.n_params
+    raw.size_bytes = 8 + 12 * n_params
+    raw.image = random_image(raw.size_bytes)
+    segments: list[dict[str, Any]] = []
+    try:
+        half = size.every // 2
+        for i in range(size.blocks + 1):  # segment 0 (to step every/2): warm-up, dropped
+            end = half + i * size.every
+            order = KINDS if i % 2 == 0 else KINDS[::-1]
+            for kind in order:
+                trainer = trainers[kind]
+                trainer.config.train.steps = end
+                blocked_began = checkpointer.stats.blocked_s
+                began = time.perf_counter()
+                cpu_began = time.thread_time()
+                trainer.train()
+                if kind == "checkpoint":
+                    checkpointer.wait()  # its write belongs to this segment
+                elif kind == "raw":
+                    raw.wait()
+                if i > 0:
+                    segments.append(
+                        {
+                            "segment": i,
+                            "kind": kind,
+                            "steps": [end - size.every + 1, end],
+                            "wall_s": time.perf_counter() - began,
+                            "train_thread_cpu_s": time.thread_time() - cpu_began,
+                            "blocked_s": checkpointer.stats.blocked_s - blocked_began,
+                        }
+                    )
+        checkpointer.close()
+    finally:
+        checkpointer.close(raise_errors=False)
+        for trainer in trainers.values():
+            trainer.close()
+    stats = checkpointer.stats
+    wall = {k: [r["wall_s"] for r in segments if r["kind"] == k] for k in KINDS}
+    cpu = {k: [r["train_thread_cpu_s"] for r in segments if r["kind"] == k] for k in KINDS}
+    blocked = [r["blocked_s"] for r in segments if r["kind"] == "checkpoint"]
+    per_segment = [(b - a) / a for a, b in zip(wall["off"], wall["checkpoint"], strict=True)]
+    off_total = sum(wall["off"])
+    return {
+        "n_params": n_params,
+        "checkpoint_bytes": 8 + 12 * n_params,
+        "every_steps": size.every,
+        "segments": segments,
+        "step_s": off_total / (len(wall["off"]) * size.every),
+        "stall_fraction": sum(wall["checkpoint"]) / off_total - 1.0,
+        "stall_fraction_per_segment": per_segment,
+        "stall_fraction_median": statistics.median(per_segment),
+        "raw_write_stall_fraction": sum(wall["raw"]) / off_total - 1.0,
+        "train_thread_cpu_excess": sum(cpu["checkpoint"]) / sum(cpu["off"]) - 1.0,
+        "blocked_fraction": sum(blocked) / off_total,
+        "blocked_s_median": statistics.median(blocked),
+        "wait_s_total": stats.wait_s,
+        "guard_wait_s_total": stats.guard_wait_s,
+        "checkpoints": stats.checkpoints,
+        "write_s": stats.write_s,
+        "file_write_s": stats.file_write_s,
+        "write_cpu_s": stats.write_cpu_s,
+        "raw_in_training_write_s": raw.seconds,
+        "bytes_written": stats.bytes_written,
+        "run_dir": str(checkpointer.run_dir),
+    }
+
+
+def random_image(size_bytes: int) -> Any:
+    """``size_bytes`` random bytes in a page-aligned buffer padded to whole pages (what an
+    ``O_DIRECT`` write needs)."""
+    import numpy as np
+
+    from recd.train.checkpointing import IMAGE_ALIGN
+
+    padded = -(-size_bytes // IMAGE_ALIGN) * IMAGE_ALIGN
+    raw = np.random.default_rng(0).integers(0, 255, padded + IMAGE_ALIGN, dtype=np.uint8)
+    start = -raw.ctypes.data % IMAGE_ALIGN
+    return raw[start : start + padded]
+
+
+def raw_write_s(
+    directory: Path, image: Any, size_bytes: int, reps: int, *, direct: bool
+) -> list[float]:
+    """Seconds to write ``size_bytes`` of ``image`` sequentially (64 MiB per call) and fsync,
+    ``reps`` times: buffered, or ``O_DIRECT`` (the checkpoint writer's way, without its temp
+    name, rename and directory fsync)."""
+    from recd.checkpoint.atomic import fsync_file
+    from recd.train.checkpointing import _write_image
+
+    out = []
+    for rep in range(reps):
+        path = directory / f"raw-{threading.get_native_id()}-{rep}.bin"
+        began = time.perf_counter()
+        if direct:
+            _write_image(path, image, size_bytes)
+            fsync_file(path)
+        else:
+            view = image.data.cast("B")[:size_bytes]
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                done = 0
+                while done < size_bytes:
+                    done += os.write(fd, view[done : done + (64 << 20)])
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        out.append(time.perf_counter() - began)
+        path.unlink()
+    return out
+
+
+def idle_checkpoint_write_s(directory: Path, source: Path, reps: int) -> list[float]:
+    """The checkpoint writer (file image, ``O_DIRECT``, commit) on a real checkpoint's bytes,
+    while training is not running."""
+    import numpy as np
+
+    from recd.checkpoint import ParamLayout, ParamSpec, read_checkpoint
+    from recd.train.checkpointing import _FileImage
+
+    ckpt = read_checkpoint(source)
+    image = _FileImage(ParamLayout(specs=(ParamSpec("all", (ckpt.n_params,)),)), pin=False)
+    image.image[: image.size_bytes] = np.fromfile(source, dtype=np.uint8)
+    target_dir = directory / "idle"
+    target_dir.mkdir(exist_ok=True)
+    out = []
+    for _ in range(reps):
+        target = target_dir / source.name
+        began = time.perf_counter()
+        image.write(target)
+        out.append(time.perf_counter() - began)
+        target.unlink()
+    return out
+
+
+# ---------------------------------------------------------------------------- 3. resume
+def resume_probe(config_path: Path) -> dict[str, Any]:
+    """In this (fresh) process: resume from the newest checkpoint, train one step."""
+    t0 = time.perf_counter()
+    from recd.train.checkpointing import Checkpointer
+    from recd.train.config import load_train_config
+    from recd.train.loop import Trainer
+
+    imported = time.perf_counter()
+    config = load_train_config(config_path)
+    trainer = Trainer(config, show_progress=False)
+    built = time.perf_counter()
+    checkpointer = Checkpointer(config)
+    try:
+        info = checkpointer.attach(trainer, resume=True)
+        attached = time.perf_counter()
+        config.train.steps = trainer.step + 1
+        first = time.perf_counter()
+        trainer.train()
+        first_step = time.perf_counter() - first
+    finally:
+        checkpointer.close(raise_errors=False)
+        trainer.close()
+    return {
+        "from_step": info.step,
+        "imports_s": imported - t0,
+        "build_s": built - imported,
+        "read_s": info.read_s,
+        "load_s": info.load_s,
+        "attach_other_s": attached - built - info.read_s - info.load_s,
+        "first_step_s": first_step,
+    }
+
+
+def measure_resume(config_path: Path, *, fresh_process: bool) -> dict[str, Any]:
+    if not fresh_process:
+        probe = resume_probe(config_path)
+        probe["interpreter_s"] = 0.0
+        probe["fresh_process"] = False
+    else:
+        began = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, __file__, "--resume-probe", str(config_path)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "RECD_PROGRESS": "0"},
+        )
+        total = time.perf_counter() - began
+        probe = json.loads(proc.stdout.strip().splitlines()[-1])
+        inside = probe["imports_s"] + probe["build_s"] + probe["read_s"] + probe["load_s"]
+        inside += probe["attach_other_s"] + probe["first_step_s"]
+        probe["interpreter_s"] = max(0.0, total - inside)
+        probe["fresh_process"] = True
+    probe["startup_s"] = probe["interpreter_s"] + probe["imports_s"] + probe["build_s"]
+    return probe
+
+
+# ---------------------------------------------------------------------------- report
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    load_before = os.getloadavg()
+    size = QUICK if args.quick else FULL
+    if args.blocks is not None:
+        size = Size(**{**size.__dict__, "blocks": args.blocks})
+    table = build_table(size, work)
+    run_dir = work / "run"
+    import shutil
+
+    shutil.rmtree(run_dir, ignore_errors=True)
+    steps = size.every * (size.blocks + 1)
+    config = write_config(work / "bench.toml", table, run_dir, size, steps, args.threads)
+    stall = measure_stall(config, size)
+    size_bytes = stall["checkpoint_bytes"]
+    from recd.checkpoint import newest_valid_checkpoint
+
+    run_dir = Path(stall["run_dir"])  # the checkpointing trainer's
+    config = write_config(work / "resume.toml", table, run_dir, size, steps, args.threads)
+    newest = newest_valid_checkpoint(run_dir)
+    assert newest is not None
+    image = random_image(size_bytes)
+    raw_write_s(run_dir, image, size_bytes, 1, direct=False)  # settle what training left dirty
+    time.sleep(1.0)
+    raw: list[float] = []
+    raw_direct: list[float] = []
+    idle: list[float] = []
+    for _ in range(args.raw_reps):  # interleaved: all three see the same disk weather
+        raw += raw_write_s(run_dir, image, size_bytes, 1, direct=False)
+        raw_direct += raw_write_s(run_dir, image, size_bytes, 1, direct=True)
+        idle += idle_checkpoint_write_s(run_dir, newest, 1)
+    raw_bw = size_bytes / min(statistics.median(raw), statistics.median(raw_direct))
+    idle_bw = size_bytes / statistics.median(idle)
+    train_bw = size_bytes / statistics.median(stall["file_write_s"])
+    raw_train_bw = size_bytes / statistics.median(stall["raw_in_training_write_s"])
+    resume = measure_resume(config, fresh_process=not args.quick)
+    return {
+        "size": size.__dict__,
+        "threads": args.threads,
+        "stall": stall,
+        "stall_fraction": stall["stall_fraction"],
+        "blocked_fraction": stall["blocked_fraction"],
+        "write": {
+            "raw_idle_write_s": raw,
+            "raw_direct_idle_write_s": raw_direct,
+            "checkpoint_idle_write_s": idle,
+            "raw_idle_MBps": raw_bw / 1e6,
+            "checkpoint_idle_MBps": idle_bw / 1e6,
+            "raw_in_training_MBps": raw_train_bw / 1e6,
+            "checkpoint_in_training_MBps": train_bw / 1e6,
+            "idle_vs_raw": idle_bw / raw_bw,
+            "in_training_vs_raw_idle": train_bw / raw_bw,
+        },
+        "write_bw_vs_raw": train_bw / raw_train_bw,
+        "resume": resume,
+        "targets": {"stall_fraction": TARGET_STALL, "write_bw_vs_raw": TARGET_BW},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_avg_before": load_before,
+            "load_avg": os.getloadavg(),
+        },
+    }
+
+
+def markdown(r: dict[str, Any]) -> str:
+    s, w, res = r["stall"], r["write"], r["resume"]
+    mb = s["checkpoint_bytes"] / 1e6
+    per_segment = s["stall_fraction_per_segment"]
+    raw_stall = s["raw_write_stall_fraction"]
+    lines = [
+        "| measure | value |",
+        "|---|---|",
+        f"| model | DLRM, {s['n_params']:,} parameters; checkpoint {mb:,.1f} MB |",
+        f"| training step (no checkpoint) | {s['step_s'] * 1e3:.1f} ms |",
+        f"| segments of {s['every_steps']} steps per trainer (no checkpoint / checkpoint / "
+        f"raw write) | {len(per_segment)} each, {s['checkpoints']} checkpoints |",
+        f"| **stall_fraction** (target <= {TARGET_STALL}) | **{r['stall_fraction']:.4f}** "
+        f"(per segment: median {s['stall_fraction_median']:+.4f}, range "
+        f"{min(per_segment):+.3f} .. {max(per_segment):+.3f}) |",
+        f"| same, for a raw background write of the same bytes (reference) | {raw_stall:.4f} |",
+        f"| training-thread time per checkpoint (audit, state, snapshot waits) | "
+        f"{s['blocked_s_median'] * 1e3:.1f} ms; all of it / training time: "
+        f"{r['blocked_fraction']:.4f} |",
+        f"| training-thread CPU time, with checkpoints vs without | "
+        f"{s['train_thread_cpu_excess']:+.4f} |",
+        f"| background write per checkpoint (sidecars + file + retention) | "
+        f"{statistics.median(s['write_s']):.3f} s wall, "
+        f"{statistics.median(s['write_cpu_s']):.3f} s CPU |",
+        f"| during training: checkpoint file write / raw write of the same bytes | "
+        f"{w['checkpoint_in_training_MBps']:,.0f} / {w['raw_in_training_MBps']:,.0f} MB/s |",
+        f"| **write_bw_vs_raw** (target >= {TARGET_BW}) | **{r['write_bw_vs_raw']:.2f}** |",
+        f"| idle: checkpoint file write / raw write | {w['checkpoint_idle_MBps']:,.0f} / "
+        f"{w['raw_idle_MBps']:,.0f} MB/s ({w['idle_vs_raw']:.2f}x) |",
+        f"| resume from step {res['from_step']}: start-up "
+        f"({'fresh interpreter + imports + ' if res['fresh_process'] else ''}build) | "
+        f"{res['startup_s']:.2f} s |",
+        f"| resume: read (validate + read file) | {res['read_s']:.3f} s |",
+        f"| resume: load (model, Adam, reader, RNG) | {res['load_s']:.3f} s |",
+        f"| resume: first step | {res['first_step_s']:.3f} s |",
+        f"| machine | {r['machine']['cpus']} CPUs, load average "
+        f"{r['machine']['load_avg_before'][0]:.1f} before, "
+        f"{r['machine']['load_avg'][0]:.1f} after |",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (CI smoke run)")
+    parser.add_argument("--blocks", type=int, help="timed segments per trainer")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--raw-reps", type=int, default=5, help="repetitions of the raw write")
+    parser.add_argument("--work-dir", type=Path, help="keep the table here between runs")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
+    parser.add_argument("--resume-probe", type=Path, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.resume_probe is not None:
+        print(json.dumps(resume_probe(args.resume_probe)))
+        return 0
+    command = "python benchmarks/checkpoint.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    with tempfile.TemporaryDirectory(prefix="recd-ckpt-bench-") as tmp:
+        work = args.work_dir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        result = run(args, work)
+    result["command"] = command.strip()
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = "checkpoint_quick" if args.quick else "checkpoint"
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    table = markdown(result)
+    (args.out / f"{stem}.md").write_text(f"Command: `{result['command']}`\n\n{table}")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1037 @@
+"""Checkpointing a training run: cadence, signals, background writes, sidecars, resume, pivot.
+
+:class:`Checkpointer` is the trainer's :class:`recd.train.loop.StepHook` for the run
+directory of ``shared/specs/checkpoint.md`` (``[checkpoint] dir``, default ``train.run_dir``)::
+
+    step_NNNNNN.bin   the logical model: weights, Adam m, Adam v (recd.checkpoint.format)
+    _layout.json      its parameter order (recd.train.sharding.logical_layout)
+    .loss.json        one line per step, append-only, never archived (LossLog)
+    .samples.json     sample audits on a fixed batch, at the checkpoint steps
+    .state.json       data-policy and reader state + RNG, per checkpoint step (below)
+    archive/<ts>/     .samples.json / .state.json of earlier policy phases (recd pivot)
+
+After every step (rank 0 only where a file is concerned)
+--------------------------------------------------------
+1. append the step's loss to ``.loss.json`` (a replayed step after a resume is not written
+   again; its loss is compared bitwise with the recorded one, ``on_replay_mismatch``);
+2. read the signal flags (:mod:`recd.train.signals`); with several ranks all-reduce them
+   (MAX), so every rank decides the same thing at the same step;
+3. checkpoint when ``step % checkpoint_every == 0``, or on SIGUSR1 / SIGTERM (SIGTERM then
+   stops training and waits for the write, and ``recd train`` exits 0), and once more at the
+   end of training when the last step was not saved.
+
+A checkpoint, CheckFreq-style: **snapshot**, then **write** on a background thread. At the
+step boundary k (after ``optimizer.step()`` returned) the training thread waits for the
+previous write if one is still running (one write in flight: backpressure; the snapshot
+buffer is reused), computes the sample audit (a forward pass on the audit batch, no
+gradients), gathers every rank's reader position and RNG state, and hands the rest to the
+writer thread, which
+
+0. copies weights, m and v into the *file image*: one page-aligned buffer laid out exactly
+   as ``step_k.bin`` (pinned when training on a GPU). This copy overlaps the next step's
+   batch loading and forward pass, which read the parameters but change nothing; the
+   optimizer's next ``zero_grad()`` (between forward and backward, so before anything
+   updates a parameter, including fused optimizers such as fbgemm's fused ADAM that update
+   embedding rows inside the backward pass) waits until the copy is complete. The image is
+   therefore exactly the state of step k. Several processes: each rank copies its blocks
+   (``ShardedAdam.export_local``) at the boundary instead;
+
+then, in this order,
+
+a. writes ``.state.json`` with the entry of step k,
+b. appends the audit of step k to ``.samples.json``,
+c. fsyncs ``.loss.json`` (the durable history reaches step k before checkpoint k exists),
+d. writes the image to a temp file with ``O_DIRECT`` (no second copy through the page cache,
+   no page cache evicted) and commits it (fsync, rename, fsync the directory),
+e. applies retention (newest ``keep_last`` plus every ``keep_every``-th, by step).
+
+The writer thread runs at a lower CPU priority (nice +10). ``background = false`` does all of
+it on the training thread before the next step.
+
+A crash anywhere leaves the previous checkpoint and its state entry intact; a state entry or
+audit without its checkpoint is harmless (the resumed run re-produces the audit, and state
+entries are looked up by the checkpoint's step).
+
+``.state.json``
+---------------
+One JSON document, replaced atomically::
+
+    {"format": "recd-train-state", "version": 1,
+     "data_policy": {"world_size": W, "reader": {...rank 0's reader config...}},
+     "checkpoints": {"100": {"step": 100, "world_size": W, "saved_at": "...",
+                             "readers": [<ResumableLoader.state_dict() of each rank>],
+                             "rng": [<base64 torch.get_rng_state() of each rank>]},
+                     "200": {...}}}
+
+The entries are **keyed by checkpoint step** and kept for every checkpoint still on disk
+(entries of checkpoints that retention deleted are dropped at the next write), so resuming
+from an older checkpoint (the newest is corrupt: fallback) never pairs it with a newer reader
+position. A document without ``checkpoints`` (none yet, or fresh after ``recd pivot`` /
+``recd fork``) means a fresh data policy: the run resumes the weights, m, v and step of the
+checkpoint, and the reader starts at the beginning of its partitions. A document whose
+entries miss the checkpoint's step is an error (:class:`recd.errors.SidecarError`).
+
+Resume (``recd train --resume``)
+--------------------------------
+Rank 0 picks the newest valid checkpoint (``newest_valid_checkpoint``: older ones are tried,
+with a warning, when the newest fails its size/header checks) and tells the other ranks.
+Every rank restores weights, m, v and the optimizer's step counter from it (one process:
+the file is read into memory; several: each rank copies its own blocks out of the
+memory-mapped regions, so any world size loads any checkpoint), then its own reader position
+and RNG state from ``.state.json`` (these need the world size the checkpoint was written
+with). The continuation is bit-exact with the run that never stopped: same losses, same
+final checkpoint bytes (tests/integration/test_checkpoint_resume.py).
+
+Distributed save
+----------------
+The file is the logical model's. Rank 0 preallocates the temp file (exact size, header);
+after a barrier every rank pwrites the element ranges of the blocks it owns into the three
+regions (``ShardedAdam.write_local_ranges``) and fsyncs; after a second barrier rank 0 writes
+the sidecars and commits. These barriers run on the writer thread, on a separate gloo process
+group, so they never interleave with the training collectives.
+
+Pivot (``recd pivot``, :func:`prepare_pivot`)
+-------------------------------------------
+Archive ``.samples.json`` and ``.state.json`` into ``archive/<timestamp>/`` (with any
+checkpoint newer than the pivot's: they belong to the abandoned branch and must never be
+picked by a later resume), keep ``.loss.json`` and append a ``branch`` record at the pivot
+step, then resume from the checkpoint under the new config with a fresh data policy.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from recd.checkpoint.atomic import (
+    LAYOUT_FILE,
+    checkpoint_path,
+    clean_stray_temp_files,
+    commit,
+    fsync_directory,
+    fsync_file,
+    list_checkpoints,
+    newest_valid_checkpoint,
+    read_layout_or_none,
+    temp_path_for,
+    write_json_atomic,
+    write_layout,
+)
+from recd.checkpoint.format import (
+    HEADER_BYTES,
+    ParamLayout,
+    checkpoint_size_bytes,
+    pack_header,
+    parse_checkpoint_step,
+    preallocate,
+    read_checkpoint,
+    validate_checkpoint,
+)
+from recd.checkpoint.retention import RetentionPolicy, apply_retention
+from recd.checkpoint.sidecars import (
+    STATE_FILE,
+    LossLog,
+    append_sample_audit,
+    archive_policy_sidecars,
+    read_loss_history,
+    read_state,
+    utc_timestamp,
+)
+from recd.errors import CheckpointError, ConfigError, SidecarError
+from recd.optim import FlatState, ModelAdam
+from recd.train.config import TrainConfig
+from recd.train.metrics import bce_from_logits, roc_auc
+from recd.train.signals import SignalFlags, StepSignals, agree
+
+if TYPE_CHECKING:
+    from recd.batch import Batch
+    from recd.train.loop import Trainer
+    from recd.train.sharding import ParamShard
+
+__all__ = [
+    "STATE_FORMAT",
+    "CheckpointStats",
+    "Checkpointer",
+    "PivotResult",
+    "ResumeInfo",
+    "prepare_pivot",
+    "read_checkpoint_flat",
+    "read_step_state",
+]
+
+log = logging.getLogger(__name__)
+
+STATE_FORMAT = "recd-train-state"
+STATE_VERSION = 1
+AUDIT_PREDICTIONS = 8
+"""Rows of the audit batch whose predicted probabilities are stored in each audit."""
+WRITER_TIMEOUT = datetime.timedelta(minutes=30)
+"""Deadline of the writer threads' barriers (a rank whose write failed must not hang the rest
+forever)."""
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclass(kw_only=True, slots=True)
+class ResumeInfo:
+    """Where a run resumed from, and what it cost."""
+
+    path: Path | None
+    """The checkpoint (None: no checkpoint, a fresh start)."""
+    step: int
+    """Optimizer steps completed at the checkpoint."""
+    fresh_policy: bool
+    """No reader/RNG state for the step (after a pivot or fork): the reader starts over."""
+    read_s: float = 0.0
+    """Validate the file and read its regions (one process: into memory)."""
+    load_s: float = 0.0
+    """Copy them into the model and optimizer, restore reader position and RNG."""
+
+
+@dataclass(kw_only=True, slots=True)
+class CheckpointStats:
+    """Measured cost of this run's checkpoints (rank 0's view)."""
+
+    checkpoints: int = 0
+    """Checkpoints written (committed) by this run."""
+    steps: list[int] = field(default_factory=list)
+    """Their steps."""
+    blocked_s: float = 0.0
+    """Training-thread time spent on checkpoints: waiting for the previous write, snapshot,
+    audit, gathering reader states (and the whole write when ``background = false``)."""
+    wait_s: float = 0.0
+    """Part of ``blocked_s`` spent waiting for the previous write (backpressure)."""
+    guard_wait_s: float = 0.0
+    """Part of ``blocked_s`` the next step's ``zero_grad`` waited for the snapshot copy."""
+    write_s: list[float] = field(default_factory=list)
+    """Per checkpoint: the background job (sidecars, file, commit, retention)."""
+    file_write_s: list[float] = field(default_factory=list)
+    """Per checkpoint: writing ``step_NNNNNN.bin`` (temp file, fsync, rename, fsync dir)."""
+    write_cpu_s: list[float] = field(default_factory=list)
+    """Per checkpoint: CPU time of the writer thread (user + system)."""
+    bytes_written: int = 0
+    """Bytes of checkpoint files committed."""
+    resume: ResumeInfo | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        if self.resume is not None and self.resume.path is not None:
+            out["resume"]["path"] = str(self.resume.path)
+        return out
+
+
+# ----------------------------------------------------------------------------- state sidecar
+
+
+def _encode_rng(state: torch.Tensor) -> str:
+    return base64.b64encode(state.numpy().tobytes()).decode("ascii")
+
+
+def _decode_rng(text: str) -> torch.Tensor:
+    return torch.from_numpy(np.frombuffer(base64.b64decode(text), dtype=np.uint8).copy())
+
+
+def read_step_state(run_dir: str | os.PathLike[str], step: int) -> dict[str, Any] | None:
+    """The ``.state.json`` entry of checkpoint ``step``; None for a fresh data policy.
+
+    None when the run has no ``.state.json``, it holds no ``checkpoints`` (fresh after a
+    pivot or fork) or the step's entry says ``fresh_policy`` (the checkpoint a pivot or fork
+    restarted from); ``SidecarError`` when it holds entries but not this step's (its reader
+    position is lost: resume from another checkpoint, or ``recd pivot`` to start the data
+    policy afresh from this one).
+    """
+    doc = read_state(run_dir)
+    path = Path(run_dir) / STATE_FILE
+    if doc is None or not doc.get("checkpoints"):
+        return None
+    if doc.get("format") != STATE_FORMAT:
+        raise SidecarError(f"{path}: field 'format': expected {STATE_FORMAT!r}")
+    entry = doc["checkpoints"].get(str(step))
+    if isinstance(entry, dict) and entry.get("fresh_policy"):
+        return None
+    if entry is None:
+        raise SidecarError(
+            f"{path}: no reader/RNG state for checkpoint step {step} (entries: "
+            f"{sorted(int(s) for s in doc['checkpoints'])}); resume from one of those, or "
+            "`recd pivot` to restart the data policy from this checkpoint"
+        )
+    if not isinstance(entry, dict) or entry.get("step") != step:
+        raise SidecarError(f"{path}: entry {step!r} is malformed")
+    return entry
+
+
+def _empty_state_doc() -> dict[str, Any]:
+    return {"format": STATE_FORMAT, "version": STATE_VERSION, "checkpoints": {}}
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def read_checkpoint_flat(
+    path: str | os.PathLike[str], layout: ParamLayout | None = None
+) -> FlatState:
+    """Validate ``path`` and read its three regions into memory (one sequential read)."""
+    header = validate_checkpoint(path, layout)
+    n = header.n_params
+    data = np.empty(3 * n, dtype=np.float32)
+    with open(path, "rb") as f:
+        f.seek(HEADER_BYTES)
+        view = data.data.cast("B")
+        done = 0
+        while done < view.nbytes:
+            got = f.readinto(view[done:])
+            if not got:
+                raise CheckpointError(f"{path}: file shrank while it was being read")
+            done += got
+    return FlatState(
+        step=header.step, weights=data[:n], adam_m=data[n : 2 * n], adam_v=data[2 * n :]
+    )
+
+
+# ----------------------------------------------------------------------------- snapshots
+
+
+IMAGE_ALIGN = 4096
+"""Alignment (bytes) of the file image buffer and of its direct writes."""
+WRITE_CHUNK_BYTES = 64 << 20
+"""Bytes per write call of the file image (a multiple of IMAGE_ALIGN)."""
+
+
+class _FileImage:
+    """The whole ``step_NNNNNN.bin`` in one page-aligned buffer, reused by every snapshot.
+
+    ``[header | weights | adam_m | adam_v | zero padding to IMAGE_ALIGN]``: the snapshot
+    copies the tensors straight into their place in the file (one copy), and the writer
+    sends the buffer to the disk with ``O_DIRECT`` (DMA from this buffer: no second copy into
+    the page cache, no page cache evicted for 8 + 12 n bytes of dirty pages that would have to
+    be written back later) in aligned chunks, then truncates the padding away. Pinned memory
+    when training on a GPU (non-blocking device-to-host copies).
+    """
+
+    def __init__(self, layout: ParamLayout, *, pin: bool) -> None:
+        self.layout = layout
+        self.pin = pin
+        n = layout.n_params
+        self.size_bytes = checkpoint_size_bytes(n)
+        padded = -(-self.size_bytes // IMAGE_ALIGN) * IMAGE_ALIGN
+        if pin:
+            raw = torch.empty(padded + IMAGE_ALIGN, dtype=torch.uint8, pin_memory=True).numpy()
+        else:
+            raw = np.empty(padded + IMAGE_ALIGN, dtype=np.uint8)
+        start = -raw.ctypes.data % IMAGE_ALIGN
+        self.image = raw[start : start + padded]
+        """uint8 [padded]: the file's bytes, page aligned."""
+        self.image[:] = 0  # fault every page in now (a first snapshot would pay it)
+        self.regions = self.image[HEADER_BYTES : self.size_bytes].view("<f4").reshape(3, n)
+        """float32 [3, n]: weights, adam_m, adam_v (views into ``image``)."""
+        self.tensor = torch.from_numpy(self.regions)
+
+    @torch.no_grad()
+    def fill(self, optimizer: ModelAdam, step: int) -> None:
+        """Header, then every parameter's weights, m and v in layout order."""
+        self.image[:HEADER_BYTES] = np.frombuffer(
+            pack_header(step, self.layout.n_params), dtype=np.uint8
+        )
+        moments_m = optimizer.moments("adam_m")
+        moments_v = optimizer.moments("adam_v")
+        on_gpu = False
+        for spec, offset in zip(self.layout.specs, self.layout.offsets, strict=True):
+            param = optimizer.params[spec.name]
+            on_gpu |= param.is_cuda
+            end = offset + spec.numel
+            for row, source in enumerate((param, moments_m[spec.name], moments_v[spec.name])):
+                target = self.tensor[row, offset:end].view(spec.shape)
+                target.copy_(source.detach(), non_blocking=self.pin)
+        if on_gpu:
+            torch.cuda.synchronize()
+
+    def write(self, final: Path) -> Path:
+        """Write the image to a temp file beside ``final`` and commit it (atomic, durable)."""
+        tmp = temp_path_for(final)
+        try:
+            _write_image(tmp, self.image, self.size_bytes)
+            return commit(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+
+def _write_image(path: Path, image: np.ndarray, size_bytes: int) -> None:
+    """``image`` (page-aligned, padded) to ``path``, truncated to ``size_bytes``.
+
+    ``O_DIRECT`` where the filesystem takes it (ext4, xfs); plain buffered writes otherwise
+    (tmpfs refuses ``O_DIRECT``) or for whatever is left after a short, unaligned write.
+    """
+    view = image.data.cast("B")
+    direct = getattr(os, "O_DIRECT", 0)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    try:
+        fd = os.open(path, flags | direct, 0o644)
+    except OSError:
+        fd, direct = os.open(path, flags, 0o644), 0
+    try:
+        done = 0
+        while done < view.nbytes:
+            try:
+                done += os.pwrite(fd, view[done : done + WRITE_CHUNK_BYTES], done)
+            except OSError:
+                if not direct or done % IMAGE_ALIGN:
+                    raise
+                os.close(fd)  # the filesystem refused the direct write: buffered from here
+                fd, direct = os.open(path, os.O_WRONLY, 0o644), 0
+                continue
+            if direct and done % IMAGE_ALIGN:
+                os.close(fd)
+                fd, direct = os.open(path, os.O_WRONLY, 0o644), 0
+        os.ftruncate(fd, size_bytes)
+    finally:
+        os.close(fd)
+
+
+@dataclass(kw_only=True, slots=True)
+class _Snapshot:
+    """Everything the writer thread needs for one checkpoint (no live tensors)."""
+
+    step: int
+    reason: str
+    flat: _FileImage | None = None
+    """One process: the file image (header, weights, m, v)."""
+    shards: list[ParamShard] | None = None
+    """Several: this rank's blocks (CPU copies)."""
+    state_entry: dict[str, Any] | None = None
+    """Rank 0: the ``.state.json`` entry of this step."""
+    audit: dict[str, Any] | None = None
+    """Rank 0: the sample audit of this step (None: no audit at this step)."""
+
+
+WRITER_NICE = 10
+"""Niceness added to the writer thread: the CPU work of a write (copying the buffers into the
+page cache, the sidecars' JSON) yields to the training thread on a busy machine."""
+
+
+def _lower_thread_priority() -> None:
+    """Lower this thread's CPU priority (Linux: niceness is per thread); best effort."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + WRITER_NICE)
+    except (AttributeError, OSError):
+        pass
+
+
+class _BackgroundWriter:
+    """One write in flight: ``submit`` waits for the previous job, then starts the next."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, job: Callable[[], None], name: str) -> None:
+        self.wait()
+
+        def run() -> None:
+            _lower_thread_priority()
+            try:
+                job()
+            except BaseException as exc:  # re-raised on the training thread by wait()
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name=f"recd-ckpt-{name}", daemon=False)
+        self._thread.start()
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self) -> None:
+        """Block until the write in flight is done; raise CheckpointError if it failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise CheckpointError(f"checkpoint write failed: {error}") from error
+
+
+# ----------------------------------------------------------------------------- the hook
+
+
+def _finite_or_none(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
+
+class Checkpointer:
+    """The checkpoint :class:`~recd.train.loop.StepHook` (see the module docstring).
+
+    Usage (what :func:`recd.train.loop.run_training` does)::
+
+        checkpointer = Checkpointer(config, signals=flags)
+        checkpointer.attach(trainer, resume=True)       # every rank; restores the state
+        trainer.hooks.append(checkpointer)
+        trainer.train()
+        checkpointer.close()                            # waits for the write in flight
+
+    Args:
+        config: the job (``[checkpoint]``: cadence, retention, run directory).
+        signals: the installed SIGTERM/SIGUSR1 flags (None: no signal handling).
+    """
+
+    def __init__(self, config: TrainConfig, *, signals: SignalFlags | None = None) -> None:
+        self.config = config
+        self.section = config.checkpoint
+        self.run_dir = config.checkpoint_dir
+        self.signals = signals
+        self.policy = RetentionPolicy(
+            keep_last=self.section.keep_last,
+            keep_every=self.section.keep_every,
+            checkpoint_every=self.section.checkpoint_every,
+        )
+        self.stats = CheckpointStats()
+        self.last_saved_step: int | None = None
+        """Step of the newest checkpoint this run has submitted (or resumed from)."""
+        self._writer = _BackgroundWriter()
+        self._losses: LossLog | None = None
+        self._trainer: Trainer | None = None
+        self._layout: ParamLayout | None = None
+        self._buffers: _FileImage | None = None
+        self._audit_batch: Batch | None = None
+        self._state_doc: dict[str, Any] = _empty_state_doc()
+        self._pg: Any = None
+        self._job_tag = str(os.getpid())
+        self._guarded: tuple[Any, bool, Any] | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ set-up
+    @property
+    def layout(self) -> ParamLayout:
+        """The checkpoint's parameter layout (after :meth:`attach`)."""
+        if self._layout is None:
+            raise CheckpointError("Checkpointer.layout: call attach(trainer) first")
+        return self._layout
+
+    @property
+    def is_main(self) -> bool:
+        return self._trainer is None or self._trainer.is_main
+
+    def attach(self, trainer: Trainer, *, resume: bool = False) -> ResumeInfo:
+        """Prepare the run directory and, with ``resume``, restore the newest checkpoint.
+
+        Every rank must call it (collectives). Without ``resume`` a run directory that
+        already holds checkpoints or loss entries is refused (``ConfigError``).
+        """
+        from recd.train.sharding import logical_layout
+
+        self._trainer = trainer
+        self._layout = logical_layout(trainer.model_config)
+        optimizer = trainer.optimizer
+        if isinstance(optimizer, ModelAdam) and optimizer.names != self._layout.names:
+            raise ConfigError(
+                "checkpoint: the optimizer's parameters differ from the model's parameter "
+                "order (a parameter without requires_grad?)"
+            )
+        if trainer.dist is not None:
+            import torch.distributed as dist
+
+            self._pg = dist.new_group(backend="gloo", timeout=WRITER_TIMEOUT)
+        self._job_tag = self._broadcast(self._job_tag)  # one temp file name for all ranks
+        self._prepare_directory(resume)
+        info = self._resume(trainer) if resume else ResumeInfo(path=None, step=0, fresh_policy=True)
+        self.stats.resume = info
+        self.last_saved_step = info.step if info.path is not None else None
+        if self.is_main:
+            self._losses = LossLog(self.run_dir, on_mismatch=self.section.on_replay_mismatch)
+        if self.section.sample_every:
+            self._audit_batch = trainer.read_audit_batch()
+        if isinstance(optimizer, ModelAdam):  # allocated and faulted in now, not at step k
+            self._buffers = _FileImage(self._layout, pin=trainer.device.type == "cuda")
+        signals = self._poll_signals(trainer)
+        if signals.stop:
+            trainer.request_stop("SIGTERM before the first step: nothing new to checkpoint")
+        return info
+
+    def _prepare_directory(self, resume: bool) -> None:
+        """Rank 0: refuse to clobber a run, clean stray temp files, write ``_layout.json``."""
+        assert self._layout is not None and self._trainer is not None
+        if self.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            existing = list_checkpoints(self.run_dir)
+            history = read_loss_history(self.run_dir)
+            if not resume and (existing or len(history.steps)):
+                what = (
+                    f"checkpoints up to {existing[-1].name}"
+                    if existing
+                    else f"a loss history of {len(history.steps)} steps"
+                )
+                raise ConfigError(
+                    f"{self.run_dir} already holds {what}: pass --resume to continue this run, "
+                    "use `recd pivot` to continue it under a new config, or choose another "
+                    "run directory (--run-dir)"
+                )
+            clean_stray_temp_files(self.run_dir)
+            saved = read_layout_or_none(self.run_dir)
+            if saved is not None and saved != self._layout and existing:
+                raise ConfigError(
+                    f"{self.run_dir / LAYOUT_FILE}: the checkpoints of this run hold another "
+                    f"model ({saved.n_params:,} parameters in {len(saved)} tensors; this config "
+                    f"builds {self._layout.n_params:,} in {len(self._layout)}): fork a new run "
+                    "directory instead"
+                )
+            if saved != self._layout:
+                write_layout(self.run_dir, self._layout)
+            doc = read_state(self.run_dir)
+            if doc is not None:
+                self._state_doc = {**_empty_state_doc(), **doc}
+                self._state_doc.setdefault("checkpoints", {})
+        self._barrier_main()
+
+    def _barrier_main(self) -> None:
+        trainer = self._trainer
+        if trainer is not None and trainer.dist is not None:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def _broadcast(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank (identity with one process)."""
+        trainer = self._trainer
+        if trainer is None or trainer.dist is None:
+            return value
+        import torch.distributed as dist
+
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    # ------------------------------------------------------------------ resume
+    def _resume(self, trainer: Trainer) -> ResumeInfo:
+        assert self._layout is not None
+        chosen = None
+        if self.is_main:
+            path = newest_valid_checkpoint(self.run_dir, self._layout)
+            chosen = None if path is None else str(path)
+        chosen = self._broadcast(chosen)
+        if chosen is None:
+            if self.is_main:
+                log.info("resume: no checkpoint in %s, starting from step 0", self.run_dir)
+            return ResumeInfo(path=None, step=0, fresh_policy=True)
+        path = Path(chosen)
+        began = time.perf_counter()
+        if trainer.dist is None:
+            params = read_checkpoint_flat(path, self._layout)
+        else:
+            mapped = read_checkpoint(path, self._layout)  # each rank reads its own blocks
+            params = FlatState(
+                step=mapped.step, weights=mapped.weights, adam_m=mapped.adam_m, adam_v=mapped.adam_v
+            )
+        step = params.step
+        entry = read_step_state(self.run_dir, step)
+        read_s = time.perf_counter() - began
+        began = time.perf_counter()
+        if entry is None:
+            trainer.optimizer.load_state(params)
+            trainer.step = step
+            if self.is_main:  # recorded with the next state write: a later fallback to it
+                self._state_doc["checkpoints"][str(step)] = {"step": step, "fresh_policy": True}
+                log.warning(
+                    "resume: %s has no reader/RNG state for step %d (fresh data policy after a "
+                    "pivot or fork): weights, Adam state and step restored, the reader starts "
+                    "at the beginning of its partitions",
+                    self.run_dir / STATE_FILE,
+                    step,
+                )
+        else:
+            self._restore_with_entry(trainer, params, entry)
+        load_s = time.perf_counter() - began
+        if self.is_main:
+            log.info("resumed from %s (step %d)", path, step)
+        return ResumeInfo(
+            path=path, step=step, fresh_policy=entry is None, read_s=read_s, load_s=load_s
+        )
+
+    def _restore_with_entry(
+        self, trainer: Trainer, params: FlatState, entry: dict[str, Any]
+    ) -> None:
+        from recd.train.loop import TrainState
+
+        saved_world = int(entry.get("world_size", 1))
+        if saved_world != trainer.world_size:
+            raise ConfigError(
+                f"{self.run_dir / STATE_FILE}: checkpoint step {params.step} was written by "
+                f"{saved_world} process(es), this job has {trainer.world_size}: the model loads "
+                "on any world size, but the reader positions are per rank; resume with the same "
+                "--nproc, or `recd pivot` to restart the data policy from this checkpoint"
+            )
+        trainer.restore_state(
+            TrainState(
+                step=params.step,
+                params=params,
+                reader=entry["readers"][trainer.rank],
+                rng=_decode_rng(entry["rng"][trainer.rank]),
+            )
+        )
+
+    # ------------------------------------------------------------------ every step
+    def _poll_signals(self, trainer: Trainer) -> StepSignals:
+        signals = self.signals.take() if self.signals is not None else StepSignals()
+        if trainer.dist is not None:
+            signals = agree(signals, device=trainer.device)
+        return signals
+
+    def after_step(self, trainer: Trainer, step: int, loss: float) -> None:
+        """Record the loss; checkpoint on cadence or signal (see the module docstring)."""
+        if self._losses is not None:
+            self._losses.append(step, loss)
+        signals = self._poll_signals(trainer)
+        periodic = step % self.section.checkpoint_every == 0
+        if not (periodic or signals.save):
+            return
+        reason = "SIGTERM" if signals.stop else "SIGUSR1" if signals.save and not periodic else ""
+        self.save(trainer, reason=reason or "periodic")
+        if signals.stop:
+            self.wait()  # the checkpoint is on disk before the process exits
+            name = checkpoint_path(self.run_dir, step).name
+            trainer.request_stop(f"SIGTERM: stopped after step {step}, checkpoint {name} written")
+
+    def after_train(self, trainer: Trainer) -> None:
+        """The final checkpoint, unless the last step was just saved."""
+        if trainer.step > 0 and trainer.step != self.last_saved_step:
+            self.save(trainer, reason="end of training")
+
+    # ------------------------------------------------------------------ one checkpoint
+    def save(self, trainer: Trainer, *, reason: str = "requested") -> None:
+        """Snapshot now, write in the background (every rank, at the same step).
+
+        One process, ``background = true``: the copy of weights, m and v into the file image
+        runs on the writer thread too, overlapping the next step's batch loading and forward
+        pass (which read the parameters but change nothing); the optimizer's next
+        ``zero_grad()`` (called between forward and backward: before anything updates a
+        parameter, fused in-backward optimizers included) waits until the copy is complete.
+        """
+        began = time.perf_counter()
+        self.wait()  # backpressure: one write in flight, and the image is free again
+        waited = time.perf_counter() - began
+        snapshot = self._snapshot(trainer, reason)
+        self.last_saved_step = snapshot.step
+        if not self.section.background:
+            self._fill(snapshot, trainer, None)
+            self._write(snapshot)
+        else:
+            filled = threading.Event() if snapshot.flat is not None else None
+            if filled is not None:
+                self._guard_parameters(trainer, filled)
+
+            def job() -> None:
+                self._fill(snapshot, trainer, filled)
+                self._write(snapshot)
+
+            self._writer.submit(job, name=f"step{snapshot.step}")
+        self.stats.blocked_s += time.perf_counter() - began
+        self.stats.wait_s += waited
+
+    def _fill(self, snapshot: _Snapshot, trainer: Trainer, filled: threading.Event | None) -> None:
+        """Copy the model and Adam state into the file image (then set ``filled``)."""
+        try:
+            if snapshot.flat is not None:
+                assert isinstance(trainer.optimizer, ModelAdam)
+                snapshot.flat.fill(trainer.optimizer, snapshot.step)
+        finally:
+            if filled is not None:
+                filled.set()
+
+    def _guard_parameters(self, trainer: Trainer, filled: threading.Event) -> None:
+        """Until ``filled`` is set, the optimizer's ``zero_grad`` first waits for it."""
+        optimizer = trainer.optimizer
+        original = optimizer.zero_grad
+        stats = self.stats
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            began = time.perf_counter()
+            filled.wait()
+            waited = time.perf_counter() - began
+            stats.blocked_s += waited
+            stats.guard_wait_s += waited
+            self._unguard()
+            return original(*args, **kwargs)
+
+        self._guarded = (optimizer, "zero_grad" in vars(optimizer), original)
+        optimizer.zero_grad = guarded
+
+    def _unguard(self) -> None:
+        if self._guarded is None:
+            return
+        optimizer, had_attribute, original = self._guarded
+        if had_attribute:
+            optimizer.zero_grad = original
+        else:
+            del optimizer.zero_grad  # back to the class's method
+        self._guarded = None
+
+    def _snapshot(self, trainer: Trainer, reason: str) -> _Snapshot:
+        """What must be taken on the training thread at the boundary (see :meth:`save`)."""
+        assert self._layout is not None
+        step = trainer.step
+        optimizer = trainer.optimizer
+        if optimizer.step_count != step:
+            raise CheckpointError(
+                f"checkpoint: optimizer step counter {optimizer.step_count} != trainer step {step}"
+            )
+        snapshot = _Snapshot(step=step, reason=reason)
+        if isinstance(optimizer, ModelAdam):
+            if self._buffers is None:
+                self._buffers = _FileImage(self._layout, pin=trainer.device.type == "cuda")
+            snapshot.flat = self._buffers  # filled by _fill (maybe on the writer thread)
+        else:
+            _, snapshot.shards = optimizer.export_local()
+        snapshot.audit = self._audit(trainer, step, reason)
+        snapshot.state_entry = self._state_entry(trainer, step)
+        return snapshot
+
+    def _state_entry(self, trainer: Trainer, step: int) -> dict[str, Any] | None:
+        """Every rank's reader position and RNG state, gathered on rank 0."""
+        mine = (trainer.loader.state_dict(), _encode_rng(torch.get_rng_state()))
+        if trainer.dist is not None:
+            import torch.distributed as dist
+
+            gathered: list[Any] = [None] * trainer.world_size
+            dist.all_gather_object(gathered, mine)
+        else:
+            gathered = [mine]
+        if not trainer.is_main:
+            return None
+        return {
+            "step": step,
+            "world_size": trainer.world_size,
+            "saved_at": utc_timestamp(),
+            "readers": [reader for reader, _ in gathered],
+            "rng": [rng for _, rng in gathered],
+        }
+
+    def _audit_due(self, step: int, reason: str) -> bool:
+        every = self.section.sample_every or 0
+        return every > 0 and (step % every == 0 or reason != "periodic")
+
+    @torch.no_grad()
+    def _audit(self, trainer: Trainer, step: int, reason: str) -> dict[str, Any] | None:
+        """Predictions and metrics on the audit batch (a forward on every rank)."""
+        if self._audit_batch is None or not self._audit_due(step, reason):
+            return None
+        batch = self._audit_batch
+        trainer.eval_model.eval()
+        logits = trainer.eval_model(batch.dense, batch.sparse).float().cpu()  # B x T
+        if not trainer.is_main:
+            return None
+        x = logits.double().numpy()
+        y = batch.labels.cpu().double().numpy()
+        probs = 1.0 / (1.0 + np.exp(-x))
+        aucs = [roc_auc(x[:, t], y[:, t]) for t in range(y.shape[1])]
+        return {
+            "step": step,
+            "reason": reason,
+            "rows": int(y.shape[0]),
+            "loss": _finite_or_none(bce_from_logits(x, y)),
+            "auc": _finite_or_none(float(np.mean(aucs))),
+            "mean_prediction": _finite_or_none(float(probs.mean())),
+            "label_mean": float(y.mean()),
+            "predictions": [
+                [_finite_or_none(float(p)) for p in row] for row in probs[:AUDIT_PREDICTIONS]
+            ],
+        }
+
+    # ------------------------------------------------------------------ the writer thread
+    def _write(self, snapshot: _Snapshot) -> None:
+        """The background job: sidecars, then the file, then retention (see the docstring)."""
+        assert self._layout is not None and self._trainer is not None
+        began = time.perf_counter()
+        cpu_began = time.thread_time()
+        final = checkpoint_path(self.run_dir, snapshot.step)
+        if snapshot.flat is not None:
+            self._write_sidecars(snapshot)
+            file_began = time.perf_counter()
+            snapshot.flat.write(final)
+        else:
+            file_began = time.perf_counter()
+            self._write_distributed(snapshot, final)
+        file_s = time.perf_counter() - file_began
+        if not self.is_main:
+            return
+        size = final.stat().st_size
+        apply_retention(self.run_dir, self.policy, layout=self._layout)
+        self.stats.checkpoints += 1
+        self.stats.steps.append(snapshot.step)
+        self.stats.write_s.append(time.perf_counter() - began)
+        self.stats.file_write_s.append(file_s)
+        self.stats.write_cpu_s.append(time.thread_time() - cpu_began)
+        self.stats.bytes_written += size
+        log.info(
+            "checkpoint %s written (%s, %.2f s in the background)",
+            final,
+            snapshot.reason,
+            time.perf_counter() - began,
+        )
+
+    def _write_sidecars(self, snapshot: _Snapshot) -> None:
+        """Rank 0, before the commit: ``.state.json`` entry, audit, fsync of ``.loss.json``."""
+        if not self.is_main:
+            return
+        assert snapshot.state_entry is not None
+        doc = self._state_doc
+        on_disk = {parse_checkpoint_step(p.name) for p in list_checkpoints(self.run_dir)}
+        kept = {s: e for s, e in doc["checkpoints"].items() if int(s) in on_disk}
+        kept[str(snapshot.step)] = snapshot.state_entry
+        doc["checkpoints"] = dict(sorted(kept.items(), key=lambda item: int(item[0])))
+        trainer = self._trainer
+        assert trainer is not None
+        doc["data_policy"] = {
+            "world_size": trainer.world_size,
+            "reader": {
+                k: v for k, v in trainer.reader_config.to_dict().items() if k not in ("rank",)
+            },
+        }
+        write_json_atomic(self.run_dir / STATE_FILE, doc)
+        if snapshot.audit is not None:
+            append_sample_audit(self.run_dir, snapshot.audit, keep_last=self.section.audit_keep)
+        if self._losses is not None:
+            self._losses.sync()
+
+    def _write_distributed(self, snapshot: _Snapshot, final: Path) -> None:
+        """Ranged writes of every rank into one temp file; rank 0 commits."""
+        import torch.distributed as dist
+
+        from recd.train.sharding import ShardedAdam
+
+        assert self._trainer is not None and self._layout is not None
+        optimizer = self._trainer.optimizer
+        assert isinstance(optimizer, ShardedAdam) and snapshot.shards is not None
+        tmp = temp_path_for(final, tag=f"job{self._job_tag}")
+        if self.is_main:
+            preallocate(tmp, snapshot.step, self._layout.n_params)
+        dist.barrier(group=self._pg)
+        optimizer.write_local_ranges(tmp, snapshot.shards)
+        fsync_file(tmp)  # each rank's own bytes (a filesystem shared by several hosts)
+        dist.barrier(group=self._pg)
+        if self.is_main:
+            self._write_sidecars(snapshot)
+            commit(tmp, final)
+
+    # ------------------------------------------------------------------ the end
+    def wait(self) -> None:
+        """Block until the write in flight (if any) is committed."""
+        try:
+            self._writer.wait()
+        finally:
+            self._unguard()
+
+    def close(self, *, raise_errors: bool = True) -> None:
+        """Wait for the write in flight, close ``.loss.json`` (idempotent)."""
+        if self._closed:
+            return
+        try:
+            self.wait()
+        except CheckpointError:
+            if raise_errors:
+                raise
+            log.exception("checkpoint write failed")
+        finally:
+            self._closed = True
+            if self._losses is not None:
+                self._losses.close()
+                self._losses = None
+
+
+# ----------------------------------------------------------------------------- pivot
+
+
+@dataclass(kw_only=True, slots=True)
+class PivotResult:
+    """What :func:`prepare_pivot` did."""
+
+    run_dir: Path
+    checkpoint: Path
+    """The checkpoint training restarts from."""
+    step: int
+    archive: Path
+    """``archive/<timestamp>/``: the old ``.samples.json``, ``.state.json`` and checkpoints."""
+    moved_checkpoints: list[Path]
+    """Checkpoints newer than ``step`` moved into the archive (the abandoned branch)."""
+
+
+def prepare_pivot(
+    run_dir: str | os.PathLike[str],
+    *,
+    from_checkpoint: str | os.PathLike[str] | int | None = None,
+    note: dict[str, Any] | None = None,
+    layout: ParamLayout | None = None,
+) -> PivotResult:
+    """Archive the policy sidecars, keep ``.loss.json``, make ``from_checkpoint`` the newest.
+
+    ``from_checkpoint``: a ``step_NNNNNN.bin`` of ``run_dir`` (a path or a step); default the
+    newest valid one. The run must not be training (its ``.loss.json`` lock is taken first,
+    so a live trainer makes this fail before anything moves). ``note`` is stored in the
+    ``branch`` record of ``.loss.json`` (e.g. the new config). ``layout``: the new config's
+    model, checked against the checkpoint before anything moves.
+    """
+    directory = Path(run_dir)
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: no such run directory")
+    layout = layout or read_layout_or_none(directory)
+    with LossLog(directory) as losses:  # refuses while a trainer holds the history
+        if from_checkpoint is None:
+            source = newest_valid_checkpoint(directory, layout)
+            if source is None:
+                raise CheckpointError(f"{directory}: no checkpoint to pivot from")
+        elif isinstance(from_checkpoint, int):
+            source = checkpoint_path(directory, from_checkpoint)
+        else:
+            source = Path(from_checkpoint)
+        if source.resolve().parent != directory.resolve():
+            raise CheckpointError(
+                f"{source}: a pivot restarts from a checkpoint of {directory}; to branch from "
+                "another run's checkpoint use `recd fork CKPT NEWDIR`"
+            )
+        header = validate_checkpoint(source, layout)
+        clean_stray_temp_files(directory)
+        archive = archive_policy_sidecars(directory)
+        newer = [
+            p
+            for p in list_checkpoints(directory)
+            if (parse_checkpoint_step(p.name) or 0) > header.step
+        ]
+        for path in newer:
+            os.replace(path, archive / path.name)
+        if newer:
+            fsync_directory(archive)
+            fsync_directory(directory)
+        losses.begin_branch(
+            header.step,
+            reason="pivot",
+            checkpoint=source.name,
+            archive=str(archive.relative_to(directory)),
+            **(note or {}),
+        )
+    log.info(
+        "pivot: %s archived in %s (%d newer checkpoints with them); .loss.json branches at step %d",
+        ".samples.json/.state.json",
+        archive,
+        len(newer),
+        header.step,
+    )
+    return PivotResult(
+        run_dir=directory,
+        checkpoint=directory / source.name,
+        step=header.step,
+        archive=archive,
+        moved_checkpoints=[archive / p.name for p in newer],
+    )
