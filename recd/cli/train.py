@@ -45,6 +45,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="trainer processes (override [train] world_size); N > 1 launches torchrun",
     )
     parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help=(
+            "with --nproc N > 1: torchrun restarts the worker group up to N times when a worker "
+            "dies; the restarted workers resume from the newest valid checkpoint"
+        ),
+    )
+    parser.add_argument(
         "--resume",
         action="store_true",
         help=(
@@ -88,7 +98,9 @@ def run_train(args: argparse.Namespace) -> int:
         # agent gives workers it shuts down this long to finish their checkpoint.
         os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_S))
         with forward_signals_to_workers():
-            return launch_torchrun(nproc, _worker_args(args))
+            return launch_torchrun(
+                nproc, _worker_args(args), max_restarts=getattr(args, "max_restarts", 0)
+            )
     else:
         config.train.world_size = 1
     resume = bool(getattr(args, "resume", False))
@@ -109,6 +121,7 @@ def _worker_args(args: argparse.Namespace) -> list[str]:
         out += ["--run-dir", str(args.run_dir.resolve())]
     if args.seed is not None:
         out += ["--seed", str(args.seed)]
-    if getattr(args, "resume", False):
+    # Restarted workers must pick up the newest checkpoint (a fresh start when there is none).
+    if getattr(args, "resume", False) or getattr(args, "max_restarts", 0) > 0:
         out.append("--resume")
     return out
