@@ -70,19 +70,23 @@ class SparseFeature:
     def __post_init__(self) -> None:
         self.kind = SparseKind(self.kind)
         if self.mean_length <= 0:
-            raise ConfigError(f"sparse feature {self.name!r}: mean_length must be > 0, got {self.mean_length}")
+            raise ConfigError(
+                f"sparse feature {self.name!r}: mean_length must be > 0, got {self.mean_length}"
+            )
         if not 0.0 <= self.unchanged_prob <= 1.0:
             raise ConfigError(
                 f"sparse feature {self.name!r}: unchanged_prob must be in [0, 1], got {self.unchanged_prob}"
             )
         if self.cardinality < 1:
-            raise ConfigError(f"sparse feature {self.name!r}: cardinality must be >= 1, got {self.cardinality}")
+            raise ConfigError(
+                f"sparse feature {self.name!r}: cardinality must be >= 1, got {self.cardinality}"
+            )
         if self.zipf_exponent <= 1.0:
             raise ConfigError(
                 f"sparse feature {self.name!r}: zipf_exponent must be > 1, got {self.zipf_exponent}"
             )
         if self.max_length == 0:
-            self.max_length = max(1, int(round(4 * self.mean_length)))
+            self.max_length = max(1, round(4 * self.mean_length))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -272,7 +276,9 @@ def catalogue_from_schema(schema: pa.Schema, *, source: str = "<schema>") -> Cat
     meta = schema.metadata or {}
     raw = meta.get(CATALOGUE_METADATA_KEY)
     if raw is None:
-        raise SchemaError(f"{source}: no recd catalogue in the schema metadata (not written by recd?)")
+        raise SchemaError(
+            f"{source}: no recd catalogue in the schema metadata (not written by recd?)"
+        )
     return Catalogue.from_dict(json.loads(raw), source=source)
 
 

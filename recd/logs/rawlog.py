@@ -48,7 +48,9 @@ def write_catalogue(directory: Path, catalogue: Catalogue) -> None:
 def read_catalogue(directory: Path) -> Catalogue:
     path = directory / CATALOGUE_FILE
     if not path.is_file():
-        raise SchemaError(f"{directory}: no {CATALOGUE_FILE}: not a recd raw-log or shard directory")
+        raise SchemaError(
+            f"{directory}: no {CATALOGUE_FILE}: not a recd raw-log or shard directory"
+        )
     return Catalogue.from_dict(json.loads(path.read_text()), source=str(path))
 
 
@@ -63,7 +65,9 @@ def shard_path(directory: Path, shard: int) -> Path:
 class RawLogWriter:
     """Append rows (record batches) to a raw-log directory, one segment file per ``segment_rows``."""
 
-    def __init__(self, directory: Path, catalogue: Catalogue, *, segment_rows: int = 200_000) -> None:
+    def __init__(
+        self, directory: Path, catalogue: Catalogue, *, segment_rows: int = 200_000
+    ) -> None:
         self.directory = directory
         self.schema = catalogue.arrow_schema().remove_metadata()
         self.segment_rows = segment_rows
@@ -78,7 +82,9 @@ class RawLogWriter:
         offset = 0
         while offset < batch.num_rows:
             if self._writer is None:
-                self._writer = ipc.new_file(str(segment_path(self.directory, self._segment)), self.schema)
+                self._writer = ipc.new_file(
+                    str(segment_path(self.directory, self._segment)), self.schema
+                )
             take = min(batch.num_rows - offset, self.segment_rows - self._rows_in_segment)
             self._writer.write_batch(batch.slice(offset, take))
             offset += take
@@ -184,7 +190,8 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema, source: str) -> pa.Record
         return batch
     try:
         return pa.RecordBatch.from_arrays(
-            [batch.column(name).cast(schema.field(name).type) for name in schema.names], schema=schema
+            [batch.column(name).cast(schema.field(name).type) for name in schema.names],
+            schema=schema,
         )
     except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise SchemaError(f"{source}: batch does not match the catalogue schema: {exc}") from exc

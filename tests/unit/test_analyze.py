@@ -19,8 +19,8 @@ from recd.analyze import (
     propose_groups,
 )
 from recd.cli import analyze as analyze_cli
-from recd.jagged import JaggedColumn
 from recd.errors import ConfigError
+from recd.jagged import JaggedColumn
 from recd.schema import Catalogue, SparseFeature
 
 CATALOGUE = Catalogue(

@@ -27,7 +27,6 @@ from recd.schema import Catalogue, SparseKind
 STATS_SESSIONS = 2500  # ~15k rows of the tiny catalogue: enough for tight statistics
 
 
-
 def _read(directory: Path) -> pa.Table:
     return pa.Table.from_batches([batch for _, _, batch in iter_raw_log(directory)])
 
