@@ -584,6 +584,11 @@ def _prepare_reader(
     """The table's catalogue (restricted to the read columns) and this rank's reader config:
     rank / world_size set, ``hash_modulo`` added for features larger than ``max_rows``."""
     reader = dataclasses.replace(config.reader, rank=rank, world_size=world_size)
+    if world_size > 1 and not reader.drop_last:
+        # Sharded lookups exchange equal local batches (row-wise all-gathers fail on a short
+        # final batch under gloo): every rank trains on full batches only.
+        log.info("reader.drop_last: set for %d ranks (equal local batch sizes)", world_size)
+        reader = dataclasses.replace(reader, drop_last=True)
     plan = build_plan(reader)
     if plan.catalogue is None:
         raise ConfigError(
