@@ -11,14 +11,12 @@ needs ``recd.train.launch.init_distributed`` to key its store by
 
 from __future__ import annotations
 
-import inspect
 import json
 from pathlib import Path
 
 import pytest
 
 from recd.recovery.elastic import elastic_command, run_elastic
-from recd.train import launch
 from tests.integration.test_train_job import recd_env, table, write_config
 
 __all__ = ["table"]
@@ -35,10 +33,6 @@ def test_elastic_command_restarts_and_resumes(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.skipif(
-    "TORCHELASTIC_RESTART_COUNT" not in inspect.getsource(launch.init_distributed),
-    reason="torchrun restarts need init_distributed's per-attempt store (issue 6 report)",
-)
 def test_killed_worker_group_restarts_from_the_newest_checkpoint(
     tmp_path: Path, table: Path
 ) -> None:
@@ -53,8 +47,9 @@ def test_killed_worker_group_restarts_from_the_newest_checkpoint(
     assert report.restarts == 1
     timeline = report.timeline
     assert timeline is not None
-    # the newest valid checkpoint at the kill: 5, or 10 if the job had got that far
-    assert timeline.resumed_at_step in (5, 10)
+    # the newest valid checkpoint at the kill (cadence 5): the worker may run a few more steps
+    # between the observed step 7 and the SIGKILL landing on a loaded machine
+    assert timeline.resumed_at_step % 5 == 0 and timeline.resumed_at_step >= 5
     assert timeline.lost_steps == timeline.killed_at_step - timeline.resumed_at_step >= 0
     assert timeline.total >= timeline.detection + timeline.restart + timeline.startup
     result = json.loads((run_dir / "train.json").read_text())["result"]
