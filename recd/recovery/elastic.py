@@ -34,7 +34,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from typing import Any
 import psutil
 
 from recd.errors import RecoveryError
+from recd.train.launch import torchrun_command
 
 __all__ = ["ElasticReport", "ElasticTimeline", "elastic_command", "run_elastic"]
 
@@ -55,23 +55,8 @@ def elastic_command(
     config: Path, *, nproc: int = 2, max_restarts: int = 1, recd_args: list[str] | None = None
 ) -> list[str]:
     """torchrun running ``recd train --config CONFIG --resume`` with restarts."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        str(nproc),
-        "--max-restarts",
-        str(max_restarts),
-        "-m",
-        "recd",
-        "train",
-        "--config",
-        str(config),
-        "--resume",
-        *(recd_args or []),
-    ]
+    recd = ["train", "--config", str(config), "--resume", *(recd_args or [])]
+    return torchrun_command(nproc, recd, max_restarts=max_restarts)
 
 
 @dataclass(kw_only=True, slots=True)
