@@ -58,12 +58,9 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from recd.analyze import analyze_table
 from recd.batch import Batch, SparseFeatures
 from recd.etl.commit import committed_partition_dirs
-from recd.etl.config import EtlConfig
-from recd.etl.local import run_etl
 from recd.etl.partitions import format_time_ms
 from recd.ikjt import kjt_equal
-from recd.logs.generate import generate_logs
-from recd.logs.shard import compare_sharding
+from recd.pipeline import build_tables
 from recd.reader import ReaderConfig, build_plan
 from recd.reader.dataset import iter_tagged_batches
 from recd.reader.plan import ReadPlan, list_table_files
@@ -114,27 +111,17 @@ def prepare_tables(
             shutil.rmtree(path)
         elif path.exists():
             path.unlink()
-    print(f"generating {PROFILE}, ~{rows:,} rows ...", flush=True)
-    gen = generate_logs(
-        catalogue, work / "raw", seed=seed, rows=rows, show_progress=False, overwrite=True
+    print(f"generating {PROFILE} (~{rows:,} rows), sharding, ETL (both tables) ...", flush=True)
+    built = build_tables(
+        work,
+        PROFILE,
+        seed=seed,
+        rows=rows,
+        num_shards=num_shards,
+        row_group_rows=row_group_rows,
+        keep_intermediate=False,
     )
-    print(f"sharding into {num_shards} shards, both keys ...", flush=True)
-    compare_sharding(work / "raw", work / "shards", num_shards=num_shards, show_progress=False)
-    print("ETL clustered (session shards) and unclustered (random shards) ...", flush=True)
-    common: dict[str, Any] = {"row_group_rows": row_group_rows, "show_progress": False}
-    clustered = run_etl(
-        EtlConfig(shard_dir=work / "shards" / "session", table_dir=work / "table", **common)
-    )
-    baseline = run_etl(
-        EtlConfig(
-            shard_dir=work / "shards" / "random",
-            table_dir=work / "table_baseline",
-            baseline=True,
-            **common,
-        )
-    )
-    shutil.rmtree(work / "raw")
-    shutil.rmtree(work / "shards")
+    gen, clustered, baseline = built.generate, built.clustered, built.baseline
     data = {
         **wanted,
         "rows": gen.rows,

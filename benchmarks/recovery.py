@@ -126,33 +126,12 @@ def measure_job(mode: str, work: Path, args: argparse.Namespace, rep: int) -> di
 
 
 def make_table(work: Path) -> Path:
-    from recd.etl.local import EtlConfig, run_etl
-    from recd.logs.generate import generate_logs
-    from recd.logs.shard import shard_logs
-    from recd.schema import load_catalogue
+    """The tiny profile (1000 sessions) through the real generate -> shard -> ETL."""
+    from recd.pipeline import build_tables
 
     root = work / "table_src"
-    if (root / "table").exists():
-        return root / "table"
-    generate_logs(
-        load_catalogue("tiny"), root / "raw", seed=3, num_sessions=1000, show_progress=False
-    )
-    shard_logs(
-        root / "raw",
-        root / "shards",
-        key="session",
-        num_shards=2,
-        block_bytes=1 << 16,
-        show_progress=False,
-    )
-    run_etl(
-        EtlConfig(
-            shard_dir=root / "shards",
-            table_dir=root / "table",
-            row_group_rows=256,
-            show_progress=False,
-        )
-    )
+    if not (root / "table").exists():
+        build_tables(root, "tiny", seed=3, num_sessions=1000, num_shards=2, row_group_rows=256)
     return root / "table"
 
 

@@ -203,11 +203,7 @@ def prepare_tables(
 ) -> dict[str, Any]:
     """Generate, shard (both keys) and ETL rm1-like into ``work/table`` (clustered) and
     ``work/table_baseline`` (arrival order); reuse them if ``work`` already holds the same."""
-    from recd.etl.config import EtlConfig
-    from recd.etl.local import run_etl
-    from recd.logs.generate import generate_logs
-    from recd.logs.shard import compare_sharding
-    from recd.schema import load_catalogue
+    from recd.pipeline import build_tables
 
     wanted = {
         "profile": PROFILE,
@@ -228,32 +224,17 @@ def prepare_tables(
             shutil.rmtree(path)
         elif path.exists():
             path.unlink()
-    print(f"generating {PROFILE}, ~{rows:,} rows ...", flush=True)
-    gen = generate_logs(
-        load_catalogue(PROFILE),
-        work / "raw",
+    print(f"generating {PROFILE} (~{rows:,} rows), sharding, ETL (both tables) ...", flush=True)
+    built = build_tables(
+        work,
+        PROFILE,
         seed=seed,
         rows=rows,
-        show_progress=False,
-        overwrite=True,
+        num_shards=num_shards,
+        row_group_rows=row_group_rows,
+        keep_intermediate=False,
     )
-    print(f"sharding into {num_shards} shards, both keys ...", flush=True)
-    compare_sharding(work / "raw", work / "shards", num_shards=num_shards, show_progress=False)
-    print("ETL clustered (session shards) and unclustered (random shards) ...", flush=True)
-    common: dict[str, Any] = {"row_group_rows": row_group_rows, "show_progress": False}
-    clustered = run_etl(
-        EtlConfig(shard_dir=work / "shards" / "session", table_dir=work / "table", **common)
-    )
-    baseline = run_etl(
-        EtlConfig(
-            shard_dir=work / "shards" / "random",
-            table_dir=work / "table_baseline",
-            baseline=True,
-            **common,
-        )
-    )
-    shutil.rmtree(work / "raw")
-    shutil.rmtree(work / "shards")
+    gen, clustered, baseline = built.generate, built.clustered, built.baseline
     data = {
         **wanted,
         "rows": gen.rows,

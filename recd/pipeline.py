@@ -378,3 +378,73 @@ def dump_toml(data: dict[str, Any]) -> str:
         return lines
 
     return "\n".join(table("", data)).strip() + "\n"
+
+
+@dataclass(slots=True)
+class BuiltTables:
+    """What :func:`build_tables` wrote: the reports of every stage."""
+
+    generate: Any
+    """recd.logs.generate.GenerateReport"""
+    shards: Any
+    """recd.logs.shard.ComparisonReport (session vs random)"""
+    clustered: Any
+    """recd.etl.config.EtlReport of ``work/table`` (from the session shards)"""
+    baseline: Any
+    """recd.etl.config.EtlReport of ``work/table_baseline`` (arrival order, random shards)"""
+
+
+def build_tables(
+    work: Path,
+    profile: str,
+    *,
+    seed: int,
+    rows: int | None = None,
+    num_sessions: int | None = None,
+    num_shards: int,
+    row_group_rows: int = 8192,
+    keep_intermediate: bool = True,
+    show_progress: bool = False,
+) -> BuiltTables:
+    """Generate ``profile``'s logs, shard them both ways and ETL both tables into ``work``.
+
+    ``work/table`` is clustered by session (from the session shards); ``work/table_baseline``
+    keeps arrival order (from the random shards), the unclustered production table.
+    ``keep_intermediate=False`` deletes ``raw/`` and ``shards/`` afterwards.
+    """
+    import shutil
+
+    from recd.etl.config import EtlConfig
+    from recd.etl.local import run_etl
+    from recd.logs.generate import generate_logs
+    from recd.logs.shard import compare_sharding
+    from recd.schema import load_catalogue
+
+    gen = generate_logs(
+        load_catalogue(profile),
+        work / "raw",
+        seed=seed,
+        rows=rows,
+        num_sessions=num_sessions,
+        show_progress=show_progress,
+        overwrite=True,
+    )
+    shards = compare_sharding(
+        work / "raw", work / "shards", num_shards=num_shards, show_progress=show_progress
+    )
+    common: dict[str, Any] = {"row_group_rows": row_group_rows, "show_progress": show_progress}
+    clustered = run_etl(
+        EtlConfig(shard_dir=work / "shards" / "session", table_dir=work / "table", **common)
+    )
+    baseline = run_etl(
+        EtlConfig(
+            shard_dir=work / "shards" / "random",
+            table_dir=work / "table_baseline",
+            baseline=True,
+            **common,
+        )
+    )
+    if not keep_intermediate:
+        shutil.rmtree(work / "raw")
+        shutil.rmtree(work / "shards")
+    return BuiltTables(generate=gen, shards=shards, clustered=clustered, baseline=baseline)
