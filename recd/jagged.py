@@ -20,6 +20,16 @@ batch (A-B-A too, not only adjacent rows) over one column or a group of columns:
 
 A row joins an entry only if every feature of its group matches, which keeps the group's
 shared ``inverse_lookup`` valid for all of its keys.
+
+Long rows take a second, faster route (:func:`find_distinct_hashed`, chosen by
+:func:`find_distinct_rows` when a group averages ``HASHED_MIN_IDS_PER_ROW`` ids or more per
+row and key): each key's rows are viewed zero-copy as Arrow ``binary`` values (a row's ids are
+its bytes) and deduplicated by Arrow's ``dictionary_encode``, a C++ hash table that confirms
+every hit with an exact byte comparison; a group's per-key codes are then encoded once more as
+one fixed-width tuple per row. Both routes return identical results (first occurrences in
+order, same inverse); measured on rm1-like sequence features (B = 2048, 37-93 ids per row),
+the hashed route is 2.3-3x faster, while for short rows (static features, ~2 ids per row) the
+per-row cost of the hash table makes the vectorised numpy route faster.
 """
 
 from __future__ import annotations
@@ -41,6 +51,11 @@ _POSITION_STEP = np.uint64(0xD6E8FEB86659FD93)
 _FEATURE_STEP = np.uint64(0xA0761D6478BD642F)
 
 RecordBatchLike: TypeAlias = pa.RecordBatch | pa.Table
+
+HASHED_MIN_IDS_PER_ROW = 8
+"""Groups whose rows average at least this many ids (per key) are deduplicated by Arrow's hash
+tables (:func:`find_distinct_hashed`); shorter rows by the numpy kernel."""
+_INT32_MAX = np.iinfo(np.int32).max
 
 
 class JaggedColumn(NamedTuple):
@@ -223,23 +238,26 @@ def _same_as_previous(column: JaggedColumn) -> np.ndarray:
     """(B,) bool: row i holds exactly the ids of row i - 1 (row 0: False).
 
     One pass over the ids: each id is compared with the id one row-length earlier, which for a
-    row as long as its predecessor is the same position in the previous row.
+    row as long as its predecessor is the same position in the previous row. Mismatches are
+    rare in a clustered batch, so only their positions are mapped back to rows (int32 indices
+    while the ids fit, to halve the index traffic).
     """
     offsets, values = column
     lengths = np.diff(offsets)
     same = np.zeros(lengths.size, dtype=bool)
-    candidates = np.flatnonzero(lengths[1:] == lengths[:-1]) + 1
-    if candidates.size == 0:
+    np.equal(lengths[1:], lengths[:-1], out=same[1:])
+    if not same.any():
         return same
     start, end = int(offsets[0]), int(offsets[-1])
+    n = end - start
     ids = values[start:end]
-    earlier = np.repeat(lengths, lengths)
+    index_type = np.int32 if n <= _INT32_MAX else np.int64
+    earlier = np.repeat(lengths.astype(index_type), lengths)
     # Negative (wrapping to the end) only in row 0, which is never a candidate.
-    np.subtract(np.arange(end - start, dtype=np.int64), earlier, out=earlier)
-    mismatch = np.zeros(end - start + 1, dtype=np.int64)
-    np.cumsum(ids != np.take(ids, earlier), out=mismatch[1:])
-    rel = offsets - start
-    same[candidates] = mismatch[rel[candidates + 1]] == mismatch[rel[candidates]]
+    np.subtract(np.arange(n, dtype=index_type), earlier, out=earlier)
+    mismatch = np.flatnonzero(ids != ids[earlier])
+    if mismatch.size:
+        same[np.searchsorted(offsets[1:] - start, mismatch, side="right")] = False
     return same
 
 
@@ -321,9 +339,71 @@ def find_distinct_rows(
     occurrence of any content is always the head of a run, so representatives stay the first
     occurrences.
     """
+    if prefers_hashed(columns, batch_size=batch_size):
+        return find_distinct_hashed(columns, batch_size=batch_size)
     return find_distinct_stacked(
         stack_columns(columns), num_keys=len(columns), batch_size=batch_size
     )
+
+
+def prefers_hashed(columns: Sequence[JaggedColumn], *, batch_size: int) -> bool:
+    """Whether :func:`find_distinct_hashed` is the faster route for this group: rows long
+    enough (``HASHED_MIN_IDS_PER_ROW``) that hashing bytes beats per-id numpy passes."""
+    if batch_size == 0 or not columns:
+        return False
+    ids = sum(int(c.offsets[-1]) - int(c.offsets[0]) for c in columns)
+    return ids >= HASHED_MIN_IDS_PER_ROW * batch_size * len(columns)
+
+
+def _as_binary(column: JaggedColumn, *, large: bool) -> pa.Array:
+    """The rows of a column as Arrow ``binary`` (``large_binary`` if ``large``) values, row i
+    holding the bytes of its ids; zero-copy over the ids."""
+    offsets, values = column
+    start, end = int(offsets[0]), int(offsets[-1])
+    ids = np.ascontiguousarray(values[start:end], dtype=np.int64)
+    byte_offsets = ((offsets - start) * ids.itemsize).astype(np.int64 if large else np.int32)
+    kind = pa.large_binary() if large else pa.binary()
+    return pa.Array.from_buffers(
+        kind, offsets.size - 1, [None, pa.py_buffer(byte_offsets), pa.py_buffer(ids)]
+    )
+
+
+def _first_occurrence_codes(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct, inverse) from codes numbered in order of first occurrence (0, 1, 2, ...)."""
+    codes = codes.astype(np.int64, copy=False)
+    seen = np.maximum.accumulate(codes)
+    is_first = np.empty(codes.size, dtype=bool)
+    is_first[:1] = True
+    np.greater(codes[1:], seen[:-1], out=is_first[1:])
+    return np.flatnonzero(is_first), codes
+
+
+def find_distinct_hashed(
+    columns: Sequence[JaggedColumn], *, batch_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`find_distinct_rows` by Arrow's exact hash tables (same results, faster for long
+    rows).
+
+    Every key's rows are dictionary-encoded as binary values (one chunked call for the whole
+    group; Arrow's memo table compares the bytes of every hash hit, so equal codes mean equal
+    ids and lengths). For K > 1 keys, row i's K codes form one fixed-width binary value that is
+    encoded once more. Codes come out in order of first occurrence, so the distinct rows are
+    the rows whose code exceeds every earlier one.
+    """
+    if batch_size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    large = any((int(c.offsets[-1]) - int(c.offsets[0])) * 8 > _INT32_MAX for c in columns)
+    encoded = pc.dictionary_encode(pa.chunked_array([_as_binary(c, large=large) for c in columns]))
+    per_key = [chunk.indices.to_numpy(zero_copy_only=False) for chunk in encoded.chunks]
+    if len(per_key) == 1:
+        return _first_occurrence_codes(per_key[0])
+    tuples = np.empty((batch_size, len(per_key)), dtype=np.int32)
+    for k, codes in enumerate(per_key):
+        tuples[:, k] = codes
+    rows = pa.Array.from_buffers(
+        pa.binary(4 * len(per_key)), batch_size, [None, pa.py_buffer(tuples)]
+    )
+    return _first_occurrence_codes(pc.dictionary_encode(rows).indices.to_numpy())
 
 
 def find_distinct_stacked(

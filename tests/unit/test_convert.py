@@ -119,6 +119,41 @@ def test_ikjt_conversion_is_exact_and_groups_only_synchronised_rows(case) -> Non
     )
 
 
+@settings(max_examples=120, deadline=None)
+@given(arrow_batches(), st.booleans())
+def test_hashed_and_numpy_routes_agree_exactly(case, large: bool) -> None:
+    """Arrow's hash-table route (long rows) and the numpy kernel (short rows) return the same
+    distinct rows and inverse for any group; ``large`` forces ``large_binary`` offsets."""
+    batch, groups = case
+    spec = FeatureSpec(sparse=batch.schema.names, labels=[], dedup_sparse_features=groups)
+    threshold, int32_max = jagged.HASHED_MIN_IDS_PER_ROW, jagged._INT32_MAX
+    try:
+        jagged.HASHED_MIN_IDS_PER_ROW = 10**9  # numpy route everywhere
+        by_numpy = convert_sparse(batch, spec, source="n")
+        jagged.HASHED_MIN_IDS_PER_ROW = 0  # hashed route everywhere
+        if large:
+            jagged._INT32_MAX = 0
+        _check_grouping(batch, spec)
+        assert convert_sparse(batch, spec, source="h").equals(by_numpy)
+        for group in groups:
+            columns = [read_list_column(batch, name, source="h") for name in group]
+            hashed = jagged.find_distinct_hashed(columns, batch_size=batch.num_rows)
+            stacked = jagged.find_distinct_stacked(
+                jagged.stack_columns(columns), num_keys=len(group), batch_size=batch.num_rows
+            )
+            assert all(np.array_equal(a, b) for a, b in zip(hashed, stacked, strict=True))
+    finally:
+        jagged.HASHED_MIN_IDS_PER_ROW, jagged._INT32_MAX = threshold, int32_max
+
+
+def test_long_rows_take_the_hashed_route() -> None:
+    short = [jagged.JaggedColumn(np.arange(5) * 2, np.zeros(8, np.int64))]
+    long = [jagged.JaggedColumn(np.arange(5) * 8, np.zeros(32, np.int64))]
+    assert not jagged.prefers_hashed(short, batch_size=4)
+    assert jagged.prefers_hashed(long, batch_size=4)
+    assert not jagged.prefers_hashed(long[:0], batch_size=0)
+
+
 @settings(max_examples=60, deadline=None)
 @given(arrow_batches(), st.sampled_from(["constant", "length"]))
 def test_hash_collisions_never_merge_different_rows(case, kind: str) -> None:
