@@ -15,7 +15,7 @@ import sys
 from recd.errors import RecdError
 
 # Modules under recd.cli, each adding its subcommand(s); listed in pipeline order.
-COMMAND_MODULES = ("logs", "etl", "analyze", "train", "run", "ckpt", "pivot")
+COMMAND_MODULES = ("logs", "etl", "analyze", "train", "run", "ckpt", "recover", "pivot")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,7 +8,13 @@
   SGD (``python -m recd.optim.measure``).
 """
 
-from recd.optim.lazy_adam import LazyAdam, lazy_adam_update_rows
+from recd.optim.lazy_adam import (
+    LazyAdam,
+    RowsStep,
+    RowUpdate,
+    lazy_adam_direction,
+    lazy_adam_update_rows,
+)
 from recd.optim.model_adam import AdamConfig, FlatState, ModelAdam, embedding_parameter_names
 
 __all__ = [
@@ -16,6 +22,9 @@ __all__ = [
     "FlatState",
     "LazyAdam",
     "ModelAdam",
+    "RowUpdate",
+    "RowsStep",
     "embedding_parameter_names",
+    "lazy_adam_direction",
     "lazy_adam_update_rows",
 ]

@@ -40,11 +40,77 @@ the param group's ``step`` (saved by ``state_dict()``).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
-__all__ = ["LazyAdam", "lazy_adam_update_rows"]
+__all__ = [
+    "LazyAdam",
+    "RowUpdate",
+    "RowsStep",
+    "lazy_adam_direction",
+    "lazy_adam_update_rows",
+]
+
+
+@dataclass(kw_only=True, slots=True, eq=False)
+class RowsStep:
+    """The tensors one :func:`lazy_adam_update_rows` call computed (R x E each).
+
+    The update gathers the rows before changing them and computes their new values in fresh
+    tensors before writing them back, so these cost nothing extra to return; an update-undo
+    capture (:mod:`recd.recovery.undo`) uses them instead of gathering and recomputing.
+    """
+
+    weight_before: torch.Tensor
+    exp_avg_before: torch.Tensor
+    exp_avg_sq_before: torch.Tensor
+    weight_after: torch.Tensor
+    exp_avg_after: torch.Tensor
+    exp_avg_sq_after: torch.Tensor
+    direction: torch.Tensor
+    """``u``: :func:`lazy_adam_direction` of the new m and v (before weight decay)."""
+
+
+class RowUpdate(Protocol):
+    """The signature of :func:`lazy_adam_update_rows` (what :meth:`LazyAdam.step` calls per
+    table; an update-undo capture passes its own, which also records the update)."""
+
+    def __call__(
+        self,
+        weight: torch.Tensor,
+        exp_avg: torch.Tensor,
+        exp_avg_sq: torch.Tensor,
+        rows: torch.Tensor,
+        grad_rows: torch.Tensor,
+        *,
+        lr: float,
+        beta1: float,
+        beta2: float,
+        eps: float,
+        weight_decay: float,
+        step: int,
+    ) -> Any: ...
+
+
+def lazy_adam_direction(
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    *,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    step: int,
+) -> torch.Tensor:
+    """``u = (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)`` of post-update m, v.
+
+    One function for the update and its inverse (:mod:`recd.recovery.inverse`): the same ops
+    on the same inputs give the same bits, which is what makes the weight's inverse cheap.
+    """
+    bias1 = 1.0 - beta1**step
+    bias2 = 1.0 - beta2**step
+    return torch.div(exp_avg, bias1).div_(torch.div(exp_avg_sq, bias2).sqrt_().add_(eps))
 
 
 def lazy_adam_update_rows(
@@ -60,29 +126,41 @@ def lazy_adam_update_rows(
     eps: float,
     weight_decay: float,
     step: int,
-) -> None:
+) -> RowsStep:
     """Apply one fbgemm-ADAM update to ``rows`` (R,) of a table, in place.
 
     weight, exp_avg, exp_avg_sq: (num_rows x E) float32; rows: (R,) int64 unique row indices;
     grad_rows: (R x E) the rows' summed gradients; step: t >= 1 (bias correction).
+    Everything is computed before the three tables are written, and a write that raises
+    puts the three back: the update is all or nothing. Returns the gathered
+    pre-update rows, the new rows and the direction (:class:`RowsStep`).
     """
-    bias1 = 1.0 - beta1**step
-    bias2 = 1.0 - beta2**step
+    m0 = exp_avg.index_select(0, rows)
+    v0 = exp_avg_sq.index_select(0, rows)
+    w0 = weight.index_select(0, rows)
     # fbgemm: m_t.mul_(beta1); m_t.fma_(grad, 1 - beta1); likewise v with grad^2.
-    m = exp_avg.index_select(0, rows).mul_(beta1).add_(grad_rows, alpha=1.0 - beta1)
-    v = (
-        exp_avg_sq.index_select(0, rows)
-        .mul_(beta2)
-        .addcmul_(grad_rows, grad_rows, value=1.0 - beta2)
+    m = m0.mul(beta1).add_(grad_rows, alpha=1.0 - beta1)
+    v = v0.mul(beta2).addcmul_(grad_rows, grad_rows, value=1.0 - beta2)
+    u = lazy_adam_direction(m, v, beta1=beta1, beta2=beta2, eps=eps, step=step)
+    w = w0.add(u.add(w0, alpha=weight_decay) if weight_decay else u, alpha=-lr)
+    try:
+        exp_avg.index_copy_(0, rows, m)
+        exp_avg_sq.index_copy_(0, rows, v)
+        weight.index_copy_(0, rows, w)
+    except BaseException:  # all or nothing (e.g. an interrupt between the writes)
+        exp_avg.index_copy_(0, rows, m0)
+        exp_avg_sq.index_copy_(0, rows, v0)
+        weight.index_copy_(0, rows, w0)
+        raise
+    return RowsStep(
+        weight_before=w0,
+        exp_avg_before=m0,
+        exp_avg_sq_before=v0,
+        weight_after=w,
+        exp_avg_after=m,
+        exp_avg_sq_after=v,
+        direction=u,
     )
-    w = weight.index_select(0, rows)
-    update = torch.div(m, bias1).div_(torch.div(v, bias2).sqrt_().add_(eps))
-    if weight_decay:
-        update.add_(w, alpha=weight_decay)
-    w.add_(update, alpha=-lr)
-    exp_avg.index_copy_(0, rows, m)
-    exp_avg_sq.index_copy_(0, rows, v)
-    weight.index_copy_(0, rows, w)
 
 
 class LazyAdam(torch.optim.Optimizer):
@@ -141,6 +219,7 @@ class LazyAdam(torch.optim.Optimizer):
         closure: Callable[[], float] | None = None,
         *,
         touched_rows: Mapping[torch.Tensor, torch.Tensor] | None = None,
+        update_rows: RowUpdate = lazy_adam_update_rows,
     ) -> float | None:
         """One step: t += 1, then update each table's touched rows.
 
@@ -149,6 +228,9 @@ class LazyAdam(torch.optim.Optimizer):
             touched_rows: parameter -> row indices (any order, repeats allowed) for tables
                 whose gradient is dense. Tables with sparse gradients read their rows from
                 the gradient; tables without a gradient are untouched.
+            update_rows: applies the update to one table's rows (default
+                :func:`lazy_adam_update_rows`; an update-undo capture passes one that also
+                records it, :mod:`recd.recovery.undo`).
         """
         loss = None
         if closure is not None:
@@ -158,12 +240,12 @@ class LazyAdam(torch.optim.Optimizer):
             group["step"] += 1
             beta1, beta2 = group["betas"]
             for p in group["params"]:
-                touched = self._touched(p, touched_rows)
+                touched = self.touched(p, touched_rows)
                 if touched is None:
                     continue
                 rows, grad_rows = touched
                 state = self.state[p]
-                lazy_adam_update_rows(
+                update_rows(
                     p,
                     state["exp_avg"],
                     state["exp_avg_sq"],
@@ -179,10 +261,16 @@ class LazyAdam(torch.optim.Optimizer):
         return loss
 
     @staticmethod
-    def _touched(
-        p: torch.Tensor, touched_rows: Mapping[torch.Tensor, torch.Tensor] | None
+    def touched(
+        p: torch.Tensor, touched_rows: Mapping[torch.Tensor, torch.Tensor] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(unique rows, their summed gradient rows) of ``p``, or None when untouched."""
+        """The rows :meth:`step` updates in table ``p`` and their gradient rows.
+
+        Returns ``(rows, grad_rows)``: (R,) int64 sorted unique rows and (R x E) their summed
+        gradients, from ``p``'s sparse gradient (coalesced: repeated ids summed) or, for a
+        dense gradient, from ``touched_rows[p]``; None when ``p`` has no gradient. Raises
+        ``ValueError`` for a dense gradient without (or with out-of-range) touched rows.
+        """
         grad = p.grad
         if grad is None:
             return None

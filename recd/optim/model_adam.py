@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from recd.errors import ConfigError
-from recd.optim.lazy_adam import LazyAdam
+from recd.optim.lazy_adam import LazyAdam, RowUpdate, lazy_adam_update_rows
 
 __all__ = ["AdamConfig", "FlatState", "ModelAdam", "embedding_parameter_names"]
 
@@ -144,22 +144,33 @@ class ModelAdam:
         for opt in self._optimizers():
             opt.zero_grad(set_to_none=set_to_none)
 
-    def step(self, *, touched_rows: Mapping[str, torch.Tensor] | None = None) -> None:
+    def step(
+        self,
+        *,
+        touched_rows: Mapping[str, torch.Tensor] | None = None,
+        update_rows: RowUpdate = lazy_adam_update_rows,
+    ) -> None:
         """One Adam step for every parameter.
 
         ``touched_rows`` (parameter name -> rows) is needed only for embedding tables whose
-        gradient is dense (e.g. ``DLRM.touched_rows(batch.sparse)``).
+        gradient is dense (e.g. ``DLRM.touched_rows(batch.sparse)``). ``update_rows``: see
+        :meth:`LazyAdam.step` (an update-undo capture passes its own).
         """
         if self.dense is not None:
             self.dense.step()
         if self.embeddings is not None:
-            by_param = (
-                None
-                if touched_rows is None
-                else {self.params[n]: rows for n, rows in touched_rows.items()}
+            self.embeddings.step(
+                touched_rows=self.touched_rows_by_param(touched_rows), update_rows=update_rows
             )
-            self.embeddings.step(touched_rows=by_param)
         self.step_count += 1
+
+    def touched_rows_by_param(
+        self, touched_rows: Mapping[str, torch.Tensor] | None
+    ) -> dict[torch.Tensor, torch.Tensor] | None:
+        """``touched_rows`` keyed by parameter (what :meth:`LazyAdam.step` takes)."""
+        if touched_rows is None:
+            return None
+        return {self.params[n]: rows for n, rows in touched_rows.items()}
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:

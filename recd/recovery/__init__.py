@@ -21,10 +21,10 @@ from recd.recovery.survivor import (
     SurvivorJob,
     read_recovery_records,
     run_job,
-    sharded_step_with_undo,
 )
 from recd.recovery.undo import (
     CounterUndo,
+    StepCapture,
     UndoLog,
     UndoRecord,
     UndoResult,
@@ -38,6 +38,7 @@ __all__ = [
     "Correction",
     "CounterUndo",
     "Inexactness",
+    "StepCapture",
     "SurvivorJob",
     "UndoLog",
     "UndoRecord",
@@ -45,7 +46,6 @@ __all__ = [
     "measure_inexactness",
     "read_recovery_records",
     "run_job",
-    "sharded_step_with_undo",
     "step_with_undo",
     "ulp_distance",
     "undo_step",

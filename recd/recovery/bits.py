@@ -18,6 +18,7 @@ apart, NaN payloads are kept), so ``candidate + offset`` decodes to the exact bi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +27,7 @@ __all__ = [
     "Correction",
     "Inexactness",
     "bits_checksum",
+    "bits_checksums",
     "from_ordered_bits",
     "measure_inexactness",
     "ordered_bits",
@@ -43,14 +45,21 @@ def ordered_bits(t: torch.Tensor) -> torch.Tensor:
     Non-negative floats keep their bit pattern; a negative float with magnitude bits ``k``
     maps to ``-k - 1`` (so -0.0 -> -1, just below +0.0 -> 0).
     """
-    i = _bits(t).to(torch.int64)
-    return torch.where(i < 0, -(i & _MAGNITUDE) - 1, i)
+    return _ordered32(_bits(t)).to(torch.int64)
 
 
 def from_ordered_bits(o: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`ordered_bits`: (n,) int64 -> (n,) float32."""
-    i = torch.where(o >= 0, o, -(o + 1) - _SIGN)
-    return i.to(torch.int32).view(torch.float32)
+    """Inverse of :func:`ordered_bits`: (n,) int64 (or int32) -> (n,) float32."""
+    return _ordered32(o.to(torch.int32)).view(torch.float32)
+
+
+def _ordered32(i: torch.Tensor) -> torch.Tensor:
+    """The ordered image in int32, an involution: ``i ^ (sign ? 0x7fffffff : 0)``.
+
+    A negative pattern with magnitude ``k`` is ``~k`` as int32 after flipping its magnitude
+    bits, i.e. ``-k - 1``: three integer ops instead of a 64-bit select.
+    """
+    return i ^ ((i >> 31) & _MAGNITUDE)
 
 
 def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -67,10 +76,24 @@ def bits_checksum(t: torch.Tensor) -> int:
     return int(_bits(t).sum(dtype=torch.int64))
 
 
+def bits_checksums(tensors: Sequence[torch.Tensor] | torch.Tensor) -> list[int]:
+    """:func:`bits_checksum` of each tensor, or of each row of a 2-D float32 tensor (one
+    reduction for all rows)."""
+    if isinstance(tensors, torch.Tensor):
+        if tensors.dtype != torch.float32 or tensors.dim() != 2:
+            raise TypeError(f"expected a 2-D float32 tensor, got {tensors.dtype} {tensors.dim()}-D")
+        return tensors.detach().view(torch.int32).sum(1, dtype=torch.int64).tolist()
+    if not tensors:
+        return []
+    return torch.stack([_bits(t).sum(dtype=torch.int64) for t in tensors]).tolist()
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     if t.dtype != torch.float32:
         raise TypeError(f"expected a float32 tensor, got {t.dtype}")
-    return t.detach().reshape(-1).view(torch.int32)
+    if t.requires_grad:
+        t = t.detach()
+    return (t if t.dim() == 1 else t.reshape(-1)).view(torch.int32)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -134,34 +157,34 @@ class Correction:
     @classmethod
     def between(cls, candidate: torch.Tensor, truth: torch.Tensor) -> Correction:
         """The cheaper encoding of ``truth`` given ``candidate`` (float32, same numel)."""
-        cand = candidate.detach().reshape(-1)
-        true = truth.detach().reshape(-1)
-        if cand.numel() != true.numel():
-            raise ValueError(f"Correction: {cand.numel()} candidate vs {true.numel()} elements")
-        mismatch = _bits(cand) != _bits(true)
-        k = int(torch.count_nonzero(mismatch))
-        index_dtype = torch.int32 if true.numel() < _SIGN else torch.int64
-        sparse_bytes = k * (4 + _itemsize(index_dtype))
-        if sparse_bytes > true.numel():
-            offsets = ordered_bits(true) - ordered_bits(cand)
+        cand = _bits(candidate)
+        true = _bits(truth)
+        n = true.numel()
+        if cand.numel() != n:
+            raise ValueError(f"Correction: {cand.numel()} candidate vs {n} elements")
+        # One pass finds the mismatches; their count is the index list's length.
+        idx = torch.ne(cand, true).nonzero().view(-1)
+        k = idx.numel()
+        index_dtype, index_size = (torch.int32, 4) if n < _SIGN else (torch.int64, 8)
+        sparse_bytes = k * (4 + index_size)
+        if sparse_bytes > n:
+            offsets = torch.sub(_ordered32(true).to(torch.int64), _ordered32(cand))
             big = offsets.abs() > _INT8_MAX
-            exceptions = int(torch.count_nonzero(big))
-            if true.numel() + exceptions * (4 + _itemsize(index_dtype)) < sparse_bytes:
-                idx = torch.nonzero(big).reshape(-1)
+            far = big.nonzero().view(-1)
+            if n + far.numel() * (4 + index_size) < sparse_bytes:
                 return cls(
-                    numel=true.numel(),
+                    numel=n,
                     mismatched=k,
                     offsets=offsets.masked_fill_(big, 0).to(torch.int8),
-                    indices=idx.to(index_dtype),
-                    values=true.index_select(0, idx),
+                    indices=far.to(index_dtype),
+                    values=true.index_select(0, far).view(torch.float32),
                 )
-        idx = torch.nonzero(mismatch).reshape(-1)
         return cls(
-            numel=true.numel(),
+            numel=n,
             mismatched=k,
             offsets=None,
             indices=idx.to(index_dtype),
-            values=true.index_select(0, idx),
+            values=true.index_select(0, idx).view(torch.float32),
         )
 
     @property
@@ -184,14 +207,10 @@ class Correction:
         if cand.numel() != self.numel:
             raise ValueError(f"Correction: {cand.numel()} elements, expected {self.numel}")
         if self.offsets is not None:
-            cand = from_ordered_bits(ordered_bits(cand) + self.offsets.to(torch.int64))
+            cand = from_ordered_bits(ordered_bits(cand) + self.offsets)
         if self.indices.numel():
             cand.index_copy_(0, self.indices.to(torch.int64), self.values)
         return cand
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty(0, dtype=dtype).element_size()
 
 
 def _nbytes(t: torch.Tensor) -> int:

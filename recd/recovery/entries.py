@@ -10,13 +10,15 @@ checksums) is in :mod:`recd.recovery.undo`; the inverse formulas in
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch._utils import _flatten_dense_tensors  # flatten + cat in one C++ call (as DDP)
 
 from recd.errors import UndoError
-from recd.recovery.bits import Correction, Inexactness, bits_checksum, measure_inexactness
+from recd.recovery.bits import Correction, Inexactness, bits_checksums, measure_inexactness
 from recd.recovery.inverse import (
     adam_second_moment_before,
     adam_weight_before,
@@ -29,12 +31,20 @@ __all__ = [
     "AdamHyper",
     "AdamParamUndo",
     "CounterUndo",
+    "Flats",
     "LazyHyper",
     "LazyRowsUndo",
     "ParamUndo",
     "SgdHyper",
     "SgdParamUndo",
+    "TableRows",
+    "flat_cat",
+    "stacked",
 ]
+
+
+Flats = Sequence[torch.Tensor] | torch.Tensor
+"""Flat tensors, one per role: a list, or the rows of a (roles x N) tensor (:func:`stacked`)."""
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -71,13 +81,13 @@ class ParamUndo:
     """Per role, the pure inverse's distance from the truth (capture with ``measure=True``)."""
 
     # -- what subclasses provide
-    def _after(self) -> list[torch.Tensor]:
+    def _after(self) -> Flats:
         raise NotImplementedError
 
-    def _candidates(self, after: list[torch.Tensor]) -> list[torch.Tensor]:
+    def _candidates(self, after: Flats) -> list[torch.Tensor]:
         raise NotImplementedError
 
-    def _write(self, before: list[torch.Tensor]) -> None:
+    def _write(self, before: Flats) -> None:
         raise NotImplementedError
 
     @property
@@ -105,23 +115,44 @@ class ParamUndo:
         """Bytes a snapshot of the same pre-update tensors would hold."""
         return 4 * self.elements * len(self.roles)
 
-    def finish(self, before: list[torch.Tensor], *, measure: bool = False) -> None:
-        """At capture, right after the step: corrections of the candidates against ``before``."""
+    def _live(self) -> Flats:
+        """``_after()`` without its consistency checks (at capture, right after the step)."""
+        return self._after()
+
+    def _kept(self) -> tuple[torch.Tensor | None, ...]:
+        """The pre-update tensors the entry keeps as they were (their candidates are exact)."""
+        return ()
+
+    def finish(
+        self,
+        before: Flats,
+        *,
+        after: Flats | None = None,
+        measure: bool = False,
+    ) -> None:
+        """At capture, right after the step: corrections of the candidates against ``before``.
+
+        ``before``: the pre-update tensors, flat, in ``roles`` order (a list, or the rows of
+        a :func:`stacked` tensor: one checksum pass). ``after``: the post-update tensors when
+        the caller has them at hand (``_after()`` order: the same values ``_after()`` would
+        gather); default gathered.
+        """
         with torch.no_grad():
-            after = self._after()
+            after = self._live() if after is None else after
             candidates = self._candidates(after)
+            kept = self._kept()
             self.fixes = []
             for role, cand, true in zip(self.roles, candidates, before, strict=True):
-                if cand is true:
+                if cand is true or any(cand is k for k in kept):
                     self.fixes.append(None)
                     continue
                 if measure:
                     self.inexactness[role] = measure_inexactness(cand, true)
                 self.fixes.append(Correction.between(cand, true))
-            self.pre_sums = [bits_checksum(t) for t in before]
-            self.post_sums = [bits_checksum(t) for t in after]
+            self.pre_sums = bits_checksums(before)
+            self.post_sums = bits_checksums(after)
 
-    def rollback(self, before: list[torch.Tensor]) -> None:
+    def rollback(self, before: Flats) -> None:
         """Put the pre-update tensors back (the step raised part-way)."""
         with torch.no_grad():
             self._write(before)
@@ -129,7 +160,7 @@ class ParamUndo:
     def check_after(self) -> None:
         """Raise :class:`UndoError` unless the live state is the captured post-update state."""
         with torch.no_grad():
-            sums = [bits_checksum(t) for t in self._after()]
+            sums = bits_checksums(self._after())
         if sums != self.post_sums:
             raise UndoError(
                 f"{self.name}: its weights or optimizer state changed since the step was "
@@ -145,7 +176,7 @@ class ParamUndo:
                 for cand, fix in zip(candidates, self.fixes, strict=True)
             ]
             self._write(before)
-            return [bits_checksum(t) for t in before] == self.pre_sums
+            return bits_checksums(before) == self.pre_sums
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -163,21 +194,41 @@ class AdamHyper:
 
 @dataclass(kw_only=True, slots=True, eq=False)
 class AdamParamUndo(ParamUndo):
-    """One ``torch.optim.Adam``/``AdamW`` update of one parameter."""
+    """One ``torch.optim.Adam``/``AdamW`` update of some parameters of one param group.
 
-    param: torch.Tensor
+    The parameters share the hyper-parameters and the step counter; their tensors are taken
+    flat and concatenated in ``params`` order, so the inverse, the comparison and the
+    checksums run once for all of them (a model's many small dense tensors cost one pass).
+    """
+
+    params: list[torch.Tensor]
+    names: tuple[str, ...]
+    """One name per parameter (``name`` is the entry's: the first, or a range)."""
     optimizer: torch.optim.Optimizer
     hyper: AdamHyper
     exp_avg_before: torch.Tensor | None
-    """Flat m before the step, kept; None when the parameter had no state (first step)."""
+    """Flat m of every parameter before the step, kept; None when they had no state (first
+    step)."""
 
-    def _after(self) -> list[torch.Tensor]:
-        state = self.optimizer.state.get(self.param, {})
-        if "exp_avg" not in state or int(state["step"]) != self.step:
-            raise UndoError(f"{self.name}: Adam state is not at step {self.step}; cannot undo")
-        return [_flat(self.param), _flat(state["exp_avg"]), _flat(state["exp_avg_sq"])]
+    def _states(self) -> list[dict[str, Any]]:
+        return [self.optimizer.state.get(p, {}) for p in self.params]
 
-    def _candidates(self, after: list[torch.Tensor]) -> list[torch.Tensor]:
+    def _after(self) -> Flats:
+        for name, state in zip(self.names, self._states(), strict=True):
+            if "exp_avg" not in state or int(state["step"]) != self.step:
+                raise UndoError(f"{name}: Adam state is not at step {self.step}; cannot undo")
+        return self._live()
+
+    def _live(self) -> Flats:
+        states = self._states()
+        return stacked(
+            [self.params, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]]
+        )
+
+    def _kept(self) -> tuple[torch.Tensor | None, ...]:
+        return (self.exp_avg_before,)
+
+    def _candidates(self, after: Flats) -> list[torch.Tensor]:
         w, m, v = after
         h = self.hyper
         assert self.step is not None
@@ -200,16 +251,21 @@ class AdamParamUndo(ParamUndo):
         )
         return [weight, self.exp_avg_before, v_before]
 
-    def _write(self, before: list[torch.Tensor]) -> None:
-        self.param.copy_(before[0].view_as(self.param))
+    def _write(self, before: Flats) -> None:
+        sizes = [p.numel() for p in self.params]
+        for p, w in zip(self.params, before[0].split(sizes), strict=True):
+            p.copy_(w.view_as(p))
         if self.exp_avg_before is None:
-            self.optimizer.state.pop(self.param, None)
+            for p in self.params:
+                self.optimizer.state.pop(p, None)
             return
         assert self.step is not None
-        state = self.optimizer.state[self.param]
-        state["exp_avg"].copy_(before[1].view_as(self.param))
-        state["exp_avg_sq"].copy_(before[2].view_as(self.param))
-        state["step"].fill_(self.step - 1)
+        pieces = zip(self.params, before[1].split(sizes), before[2].split(sizes), strict=True)
+        for p, m, v in pieces:
+            state = self.optimizer.state[p]
+            state["exp_avg"].copy_(m.view_as(p))
+            state["exp_avg_sq"].copy_(v.view_as(p))
+            state["step"].fill_(self.step - 1)
 
     @property
     def kept_nbytes(self) -> int:
@@ -217,7 +273,25 @@ class AdamParamUndo(ParamUndo):
 
     @property
     def elements(self) -> int:
-        return self.param.numel()
+        return sum(p.numel() for p in self.params)
+
+
+def flat_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The tensors flattened and concatenated: (sum of numels,) (one tensor: a view).
+
+    Call under ``torch.no_grad()`` (parameters are not detached one by one).
+    """
+    if len(tensors) == 1:
+        return _flat(tensors[0])
+    return _flatten_dense_tensors(tensors)
+
+
+def stacked(roles: list[list[torch.Tensor]]) -> torch.Tensor:
+    """A (len(roles) x N) tensor: row i holds ``roles[i]``'s tensors flattened and
+    concatenated (every role has N elements). One copy for all (a view when there is a
+    single tensor), and one row-sum gives every role's checksum
+    (:func:`recd.recovery.bits.bits_checksums`). Call under ``no_grad``."""
+    return _flatten_dense_tensors([t for tensors in roles for t in tensors]).view(len(roles), -1)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -232,29 +306,55 @@ class LazyHyper:
 
 
 @dataclass(kw_only=True, slots=True, eq=False)
-class LazyRowsUndo(ParamUndo):
-    """One row-sparse Adam update of the touched rows of one table (or table shard)."""
+class TableRows:
+    """The rows one row-sparse update touched in one table (or table shard)."""
 
+    name: str
     weight: torch.Tensor
     exp_avg: torch.Tensor
     exp_avg_sq: torch.Tensor
     """The live (num_rows x E) table and its moments."""
     rows: torch.Tensor
     """(R,) int64 unique rows the update touched; no other row changed."""
-    hyper: LazyHyper
-    exp_avg_before: torch.Tensor
-    """(R * E,) m of those rows before the step, kept."""
 
-    def _after(self) -> list[torch.Tensor]:
-        return [_flat(t.index_select(0, self.rows)) for t in self._tables()]
+    @property
+    def elements(self) -> int:
+        return self.rows.numel() * self.weight.shape[1]
 
-    def _tables(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.weight, self.exp_avg, self.exp_avg_sq
 
-    def _candidates(self, after: list[torch.Tensor]) -> list[torch.Tensor]:
+
+@dataclass(kw_only=True, slots=True, eq=False)
+class LazyRowsUndo(ParamUndo):
+    """One row-sparse Adam update of the touched rows of some tables (or table shards).
+
+    The tables share the hyper-parameters and the step; their touched rows are taken flat
+    and concatenated in ``tables`` order, so the inverse, the comparison and the checksums
+    run once for all of them.
+    """
+
+    tables: list[TableRows]
+    hyper: LazyHyper
+    exp_avg_before: torch.Tensor
+    """(sum R * E,) m of those rows before the step, kept."""
+    direction: torch.Tensor | None = None
+    """Transient, at capture only: the update's direction ``u`` (:class:`recd.optim.RowsStep`),
+    the bits the inverse would recompute from m', v'; consumed by the first candidates."""
+
+    def _after(self) -> Flats:
+        return stacked(
+            [[t.tensors()[role].index_select(0, t.rows) for t in self.tables] for role in range(3)]
+        )
+
+    def _kept(self) -> tuple[torch.Tensor | None, ...]:
+        return (self.exp_avg_before,)
+
+    def _candidates(self, after: Flats) -> list[torch.Tensor]:
         w, m, v = after
         h = self.hyper
         assert self.step is not None
+        direction, self.direction = self.direction, None
         weight = lazy_adam_weight_before(
             w,
             m,
@@ -265,24 +365,27 @@ class LazyRowsUndo(ParamUndo):
             eps=h.eps,
             weight_decay=h.weight_decay,
             step=self.step,
+            direction=direction,
         )
         v_before = lazy_adam_second_moment_before(
             v, m, self.exp_avg_before, beta1=h.beta1, beta2=h.beta2
         )
         return [weight, self.exp_avg_before, v_before]
 
-    def _write(self, before: list[torch.Tensor]) -> None:
-        shape = (self.rows.numel(), self.weight.shape[1])
-        for table, rows_before in zip(self._tables(), before, strict=True):
-            table.index_copy_(0, self.rows, rows_before.view(shape))
+    def _write(self, before: Flats) -> None:
+        sizes = [t.elements for t in self.tables]
+        for role, flat in enumerate(before):
+            for t, rows_before in zip(self.tables, flat.split(sizes), strict=True):
+                target = t.tensors()[role]
+                target.index_copy_(0, t.rows, rows_before.view(-1, target.shape[1]))
 
     @property
     def kept_nbytes(self) -> int:
-        return _nbytes(self.exp_avg_before) + _nbytes(self.rows)
+        return _nbytes(self.exp_avg_before) + sum(_nbytes(t.rows) for t in self.tables)
 
     @property
     def elements(self) -> int:
-        return self.rows.numel() * self.weight.shape[1]
+        return sum(t.elements for t in self.tables)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -311,7 +414,10 @@ class SgdParamUndo(ParamUndo):
     """Flat weight before the step, kept only without momentum: the inverse would need the
     gradient, which costs the same 4 bytes and still misses some elements."""
 
-    def _after(self) -> list[torch.Tensor]:
+    def _kept(self) -> tuple[torch.Tensor | None, ...]:
+        return (self.buffer_before, self.weight_before)
+
+    def _after(self) -> Flats:
         if self.hyper.momentum == 0:
             return [_flat(self.param)]
         buffer = self.optimizer.state.get(self.param, {}).get("momentum_buffer")
@@ -319,7 +425,7 @@ class SgdParamUndo(ParamUndo):
             raise UndoError(f"{self.name}: SGD has no momentum buffer; cannot undo")
         return [_flat(self.param), _flat(buffer)]
 
-    def _candidates(self, after: list[torch.Tensor]) -> list[torch.Tensor]:
+    def _candidates(self, after: Flats) -> list[torch.Tensor]:
         h = self.hyper
         if self.weight_before is not None:
             return [self.weight_before]
@@ -336,7 +442,7 @@ class SgdParamUndo(ParamUndo):
         )
         return [weight] if self.buffer_before is None else [weight, self.buffer_before]
 
-    def _write(self, before: list[torch.Tensor]) -> None:
+    def _write(self, before: Flats) -> None:
         self.param.copy_(before[0].view_as(self.param))
         if self.hyper.momentum == 0:
             return

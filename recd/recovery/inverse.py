@@ -59,6 +59,8 @@ import struct
 
 import torch
 
+from recd.optim.lazy_adam import lazy_adam_direction
+
 __all__ = [
     "adam_second_moment_before",
     "adam_weight_before",
@@ -125,12 +127,18 @@ def lazy_adam_weight_before(
     eps: float,
     weight_decay: float,
     step: int,
+    direction: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """LazyAdam's (fbgemm ADAM's) rows before step ``step`` from the rows' w, m, v after it."""
-    bias1 = 1.0 - beta1**step
-    bias2 = 1.0 - beta2**step
-    update = torch.div(exp_avg, bias1).div_(torch.div(exp_avg_sq, bias2).sqrt_().add_(eps))
-    before = weight.add(update, alpha=lr)  # fma: the exact mirror of w' = fma(u, -lr, w)
+    """LazyAdam's (fbgemm ADAM's) rows before step ``step`` from the rows' w, m, v after it.
+
+    ``direction``: ``lazy_adam_direction(exp_avg, exp_avg_sq, ...)`` when the caller has it
+    (the update computed it: same bits), else computed here.
+    """
+    if direction is None:
+        direction = lazy_adam_direction(
+            exp_avg, exp_avg_sq, beta1=beta1, beta2=beta2, eps=eps, step=step
+        )
+    before = weight.add(direction, alpha=lr)  # fma: the exact mirror of w' = fma(u, -lr, w)
     if weight_decay:
         before.div_(1.0 - lr * weight_decay)
     return before

@@ -11,8 +11,9 @@ When a rank dies in the middle of a step, the job does not go back to its last c
    (a step's update starts only after that step's gradient all-reduce, which needed every
    rank: see :mod:`recd.recovery.undo`).
 3. **Undo.** A survivor ahead of the agreed step takes its last step back with its
-   :class:`~recd.recovery.undo.UndoRecord` (dense layers *and* its own table shards,
-   bit-exactly): every survivor is then at the agreed step, and no snapshot was ever taken.
+   :class:`~recd.recovery.undo.UndoRecord` (``ShardedAdam.step(capture=True)`` returns it:
+   dense layers *and* its own table shards, bit-exactly): every survivor is then at the
+   agreed step, and no snapshot was ever taken.
 4. **Provide the dense state.** The dense layers (and their Adam m, v, step) are replicated
    under DDP, so the lowest surviving rank writes them (``recovery/dense_gen<G>.npz``, a few
    hundred kB for a DLRM's MLPs) for the replacement: no checkpoint is read for them.
@@ -39,7 +40,8 @@ deterministic function of (seed, step, rank) so a never-failed run is the refere
 log timestamped events (``events.jsonl``) from which :func:`recovery_timeline` splits the
 recovery into detection, restart, rendezvous, load, first step and replay.
 
-Run ``python -m recd.recovery.survivor RUN_DIR --kill-step 7`` for one job.
+Run ``recd recover RUN_DIR`` (or ``python -m recd.recovery.survivor RUN_DIR --kill-step 7``)
+for one job.
 """
 
 from __future__ import annotations
@@ -65,14 +67,7 @@ import numpy as np
 import torch
 
 from recd.errors import RecoveryError
-from recd.recovery.undo import (
-    CounterUndo,
-    UndoRecord,
-    UndoResult,
-    step_with_undo,
-    undo_step,
-    update_rows_with_undo,
-)
+from recd.recovery.undo import UndoRecord, UndoResult, undo_step
 
 __all__ = [
     "RECOVERY_FILE",
@@ -85,7 +80,6 @@ __all__ = [
     "read_recovery_records",
     "recovery_timeline",
     "run_job",
-    "sharded_step_with_undo",
     "touched_rows",
 ]
 
@@ -212,61 +206,6 @@ def touched_rows(job: SurvivorJob, first: int, last: int, table: int) -> np.ndar
         for r in range(job.world_size)
     ]
     return np.unique(np.concatenate(parts))
-
-
-# ----------------------------------------------------------------------------- undo
-
-
-def sharded_step_with_undo(opt: Any) -> UndoRecord:
-    """``ShardedAdam.step()`` (CPU route: DENSE kernel), returning the record that takes the
-    whole step back: dense layers (ModelAdam), this rank's table shards and both counters.
-
-    Mirrors :meth:`recd.train.sharding.ShardedAdam.step` with
-    :func:`~recd.recovery.undo.update_rows_with_undo` for the table shards.
-    """
-    dense = step_with_undo(opt.dense)
-    before = opt.step_count
-    opt.step_count += 1
-    entries = list(dense.params)
-    counters = [*dense.counters, CounterUndo(target=opt, key="step_count", before=before)]
-    cfg = opt.config
-    lr = cfg.lr if cfg.embedding_lr is None else cfg.embedding_lr
-    touched, opt._touched = opt._touched, {}
-    try:
-        with torch.no_grad():
-            for i, table in enumerate(opt.tables):
-                if table.fused:
-                    raise RecoveryError(f"{table.name}: no update-undo for fbgemm's fused ADAM")
-                parts = touched.get((id(table.kernel), table.index), [])
-                rows = torch.unique(torch.cat(parts).to(torch.int64)) if parts else None
-                if table.replicated:
-                    rows = opt._all_gather_rows(rows, table.weight.device)
-                grad = table.grad()
-                if rows is None or rows.numel() == 0 or grad is None:
-                    continue
-                m, v = opt._moments[i]
-                entries.append(
-                    update_rows_with_undo(
-                        table.weight,
-                        m,
-                        v,
-                        rows,
-                        grad.index_select(0, rows),
-                        name=f"{table.name}[{table.rows[0]}:{table.rows[1]}]",
-                        lr=lr,
-                        beta1=cfg.beta1,
-                        beta2=cfg.beta2,
-                        eps=cfg.eps,
-                        weight_decay=cfg.embedding_weight_decay,
-                        step=opt.step_count,
-                    )
-                )
-    except BaseException:
-        undo_step(UndoRecord(step=opt.step_count, params=entries, counters=counters))
-        raise
-    for counter in counters:
-        counter.after = counter.read()
-    return UndoRecord(step=opt.step_count, params=entries, counters=counters)
 
 
 # ----------------------------------------------------------------------------- files
@@ -537,7 +476,7 @@ def _train_steps(
             if dies and job.kill_point == "after_backward":
                 ev("kill", step=s, point=job.kill_point)
                 os.kill(os.getpid(), signal.SIGKILL)
-            record = sharded_step_with_undo(opt)
+            record = opt.step(capture=True)
             if dies:  # after_step: updated, but the step is never recorded
                 ev("kill", step=s, point=job.kill_point)
                 os.kill(os.getpid(), signal.SIGKILL)

@@ -62,14 +62,28 @@ per element, as much as keeping the weight, and changes nothing for m and v; a f
 Cost. Persistent, per updated element: Adam 4 bytes kept + corrections, 4.15 bytes in steady
 state on random tensors (5.1-5.6 in the first ten steps) against 12 for a snapshot of w, m,
 v; SGD momentum 4.1 against 8. On ``models.DLRM`` of the ``small`` catalogue (5.06M
-parameters, batch 512, ModelAdam): 476 kB per step, 6.1 bytes per updated element (4.5 kept:
-m and the row ids; 1.6 corrections), i.e. 0.094 bytes per model parameter against 12 for a
-full snapshot (128x less) and 12 per updated element for a snapshot of just the touched rows
-(2x less). Transient, during the captured step only: a copy of the pre-update weight and v
-(8 bytes per updated element), freed before the step returns. Time (same model, best of 12
-on a busy 2-core CPU): optimizer step 18 ms, captured step 72 ms, undo 61 ms, a full
-in-memory snapshot 157 ms, forward + backward 30 ms: the capture costs about the inverse and
-a comparison (a few times the update), less than copying the whole state.
+parameters, batch 512, ModelAdam): 483 kB per step, 6.2 bytes per updated element (4.5 kept:
+m and the row ids; 1.7 corrections), i.e. 0.095 bytes per model parameter against 12 for a
+full snapshot (126x less) and 12 per updated element for a snapshot of just the touched rows
+(2x less). Transient, during the captured step only: the pre-update w, m, v of the updated
+elements (12 bytes per element: a copy for dense parameters; for table rows the rows the
+update gathers anyway), freed before the step returns.
+
+Time. The capture does no work the update already did and pays per-op overhead once per
+param group, not per tensor: a table's update returns the pre-update rows it gathered, the
+new rows and its direction ``u`` (:class:`recd.optim.RowsStep`; the inverse would recompute
+the same bits), so nothing is gathered or recomputed for the weight; the dense parameters of
+a param group (same step) and the row updates of a step (same hyper-parameters) are each
+flattened into one (roles x N) buffer (one copy, one inverse, one comparison per role, one
+row-sum for every checksum); a comparison finds the mismatches with one ``ne`` +
+``nonzero``; ulp offsets use an int32 xor map. Measured on the survivor job's model
+(``benchmarks/recovery.py`` ``undo_capture``: 4 tables x 1000 x 8, batch 128, one thread,
+best of 3 runs on a busy 2-core CPU): training step 3.4 ms, optimizer step 1.4 ms, captured
+step 2.9 ms, i.e. an overhead of 0.44 of a training step (before this design: 4.5 ms, 1.9 ms,
+8.9 ms, 1.55). On the ``small`` DLRM above (medians of 12 steps): optimizer step 7.4 ms,
+captured step 16.6 ms, undo 8.0 ms, a full in-memory snapshot 53 ms, forward + backward
+7.5 ms: the capture costs about one more update (the inverse and a comparison), far less
+than copying the whole state.
 
 One record is enough. A rank starts step k+1's update only after its gradient all-reduce of
 step k+1 completed, which needs every rank to have contributed, i.e. to have finished step
@@ -88,9 +102,11 @@ Usage::
     result = log.undo()                       # back to the state before the last step
     assert result.exact
 
-A sharded optimizer can build records from parts: :func:`update_rows_with_undo` wraps
-:func:`recd.optim.lazy_adam_update_rows` for one table shard, :func:`step_with_undo` the
-dense ModelAdam, and :class:`UndoRecord` takes both plus the step counters.
+An optimizer that applies its step in pieces builds the record with a :class:`StepCapture`:
+``recd.train.sharding.ShardedAdam.step(capture=True)`` runs its dense ModelAdam through
+:meth:`StepCapture.run` and each table shard through :meth:`StepCapture.update_rows` (in
+place of :func:`recd.optim.lazy_adam_update_rows`, same bits), and returns the record.
+:func:`update_rows_with_undo` captures a single row update.
 """
 
 from __future__ import annotations
@@ -102,17 +118,21 @@ from typing import Any
 import torch
 
 from recd.errors import UndoError
-from recd.optim import LazyAdam, ModelAdam, lazy_adam_update_rows
+from recd.optim import LazyAdam, ModelAdam, RowsStep, lazy_adam_update_rows
 from recd.recovery.bits import Inexactness
 from recd.recovery.entries import (
     AdamHyper,
     AdamParamUndo,
     CounterUndo,
+    Flats,
     LazyHyper,
     LazyRowsUndo,
     ParamUndo,
     SgdHyper,
     SgdParamUndo,
+    TableRows,
+    flat_cat,
+    stacked,
 )
 
 __all__ = [
@@ -121,6 +141,7 @@ __all__ = [
     "LazyRowsUndo",
     "ParamUndo",
     "SgdParamUndo",
+    "StepCapture",
     "UndoLog",
     "UndoRecord",
     "UndoResult",
@@ -231,95 +252,300 @@ def undo_step(record: UndoRecord) -> UndoResult:
 # ----------------------------------------------------------------------------- capture
 
 
-def _copy(t: torch.Tensor) -> torch.Tensor:
-    """A flat copy (the transient pre-update value)."""
-    return t.detach().reshape(-1).clone()
+class StepCapture:
+    """Builds the :class:`UndoRecord` of one optimizer step while the step runs.
 
+    :meth:`run` captures a whole ``optimizer.step()``; an optimizer that applies its step in
+    pieces (``recd.train.sharding.ShardedAdam``: a :class:`~recd.optim.ModelAdam`, then its
+    table shards) calls :meth:`run` for the first piece, :meth:`update_rows` instead of
+    :func:`recd.optim.lazy_adam_update_rows` for each shard and :meth:`counter` for its own
+    step counter, then :meth:`finish`; if anything raises, :meth:`rollback` puts back every
+    tensor and counter touched so far.
 
-@dataclass(kw_only=True, slots=True, eq=False)
-class _Pending:
-    """Entries of a step about to run, each with its transient pre-update copies."""
-
-    entries: list[tuple[ParamUndo, list[torch.Tensor]]] = field(default_factory=list)
-    counters: list[CounterUndo] = field(default_factory=list)
-
-    def rollback(self) -> None:
-        for entry, before in self.entries:
-            entry.rollback(before)
-        for counter in self.counters:
-            counter.write(counter.before)
-
-    def finish(self, step: int | None, *, measure: bool) -> UndoRecord:
-        for entry, before in self.entries:
-            entry.finish(before, measure=measure)
-        for counter in self.counters:
-            counter.after = counter.read()
-        record = UndoRecord(step=step, params=[e for e, _ in self.entries], counters=self.counters)
-        self.entries = []
-        return record
-
-
-def step_with_undo(
-    optimizer: Any,
-    *,
-    names: Iterable[tuple[str, torch.Tensor]] | None = None,
-    measure: bool = False,
-    **step_kwargs: Any,
-) -> UndoRecord:
-    """``optimizer.step(**step_kwargs)``, returning the record that takes it back.
+    Row updates are captured fused with the update itself: the update gathers the pre-update
+    rows and computes the direction anyway and hands them over. Dense parameters are copied
+    before the step (torch's kernels change them in place). :meth:`finish` computes the
+    corrections once per group (a param group's dense parameters at one step; the row
+    updates sharing hyper-parameters and step) and drops the pre-update values.
 
     Args:
-        optimizer: a :class:`recd.optim.ModelAdam`, :class:`recd.optim.LazyAdam`,
-            ``torch.optim.Adam`` / ``AdamW`` (not AMSGrad) or ``torch.optim.SGD``.
-        names: ``(name, parameter)`` pairs (e.g. ``model.named_parameters()``) to name the
-            entries (default: ModelAdam's names, else ``param<i>`` in group order).
+        names: ``(name, parameter)`` pairs naming the entries (default: ModelAdam's names,
+            else ``param<i>`` in group order).
         measure: also record the pure inverse's bitwise error (extra passes; for reports).
-        step_kwargs: passed to ``step`` (``touched_rows=`` for ModelAdam / LazyAdam).
-
-    If the step raises, every parameter, state tensor and counter it touched is put back
-    before the exception propagates.
     """
-    by_id = {id(p): n for n, p in names} if names is not None else None
-    pending = _Pending()
-    if isinstance(optimizer, ModelAdam):
-        step = _prepare_model_adam(optimizer, pending, step_kwargs.get("touched_rows"))
-    elif isinstance(optimizer, LazyAdam):
-        rows = step_kwargs.get("touched_rows")
-        _prepare_lazy(optimizer, pending, by_id, rows)
-        step = optimizer.step_count + 1
-    elif isinstance(optimizer, torch.optim.Adam):
-        _prepare_adam(optimizer, pending, by_id)
-        step = None
-    elif isinstance(optimizer, torch.optim.SGD):
-        _prepare_sgd(optimizer, pending, by_id)
-        step = None
-    else:
-        raise UndoError(f"no update-undo for optimizer {type(optimizer).__name__}")
-    try:
-        optimizer.step(**step_kwargs)
-    except BaseException:
-        pending.rollback()
-        raise
-    return pending.finish(step, measure=measure)
+
+    def __init__(
+        self, *, names: Iterable[tuple[str, torch.Tensor]] | None = None, measure: bool = False
+    ) -> None:
+        self.measure = measure
+        self._names: dict[int, str] = {} if names is None else {id(p): n for n, p in names}
+        self._entries: list[ParamUndo] = []
+        """Every entry, in capture order."""
+        self._pending: list[tuple[ParamUndo, Flats]] = []
+        """Entries with their pre-update copies, corrected by :meth:`finish`."""
+        self._rows: list[tuple[TableRows, LazyHyper, int, RowsStep]] = []
+        """Row updates applied, with their pre-update rows, grouped by :meth:`finish`."""
+        self._counters: list[CounterUndo] = []
+
+    # ------------------------------------------------------------------ pieces
+    def counter(self, target: Any, key: str) -> None:
+        """Remember ``target[key]`` (a dict) or ``target.key`` before the step advances it."""
+        counter = CounterUndo(target=target, key=key, before=0)
+        counter.before = counter.read()
+        self._counters.append(counter)
+
+    def update_rows(
+        self,
+        weight: torch.Tensor,
+        exp_avg: torch.Tensor,
+        exp_avg_sq: torch.Tensor,
+        rows: torch.Tensor,
+        grad_rows: torch.Tensor,
+        *,
+        lr: float,
+        beta1: float,
+        beta2: float,
+        eps: float,
+        weight_decay: float,
+        step: int,
+        name: str | None = None,
+    ) -> None:
+        """:func:`recd.optim.lazy_adam_update_rows`, recorded (a :class:`recd.optim.RowUpdate`:
+        pass it as ``LazyAdam.step(update_rows=...)``).
+
+        ``name`` names the table in the record (default: its parameter's name). The update's
+        pre-update rows are held until :meth:`finish`, which turns the row updates sharing
+        hyper-parameters and step into one :class:`LazyRowsUndo`.
+        """
+        done = lazy_adam_update_rows(
+            weight,
+            exp_avg,
+            exp_avg_sq,
+            rows,
+            grad_rows,
+            lr=lr,
+            beta1=beta1,
+            beta2=beta2,
+            eps=eps,
+            weight_decay=weight_decay,
+            step=step,
+        )
+        table = TableRows(
+            name=name or self._names.get(id(weight), "table"),
+            weight=weight,
+            exp_avg=exp_avg,
+            exp_avg_sq=exp_avg_sq,
+            rows=rows,
+        )
+        hyper = LazyHyper(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
+        self._rows.append((table, hyper, step, done))
+
+    def run(self, optimizer: Any, **step_kwargs: Any) -> int | None:
+        """``optimizer.step(**step_kwargs)``, captured (see :func:`step_with_undo`).
+
+        Returns the optimizer's step counter after the step (None: it has none). If the
+        step raises, call :meth:`rollback`.
+        """
+        if isinstance(optimizer, ModelAdam):
+            for n, p in optimizer.params.items():
+                self._names.setdefault(id(p), n)
+            if optimizer.dense is not None:
+                self._prepare_adam(optimizer.dense)
+            if optimizer.embeddings is not None:
+                self._lazy_counters(optimizer.embeddings)
+            self.counter(optimizer, "step_count")
+            optimizer.step(**step_kwargs, update_rows=self.update_rows)
+            step: int | None = optimizer.step_count
+        elif isinstance(optimizer, LazyAdam):
+            self._default_names(optimizer)
+            self._lazy_counters(optimizer)
+            optimizer.step(**step_kwargs, update_rows=self.update_rows)
+            step = optimizer.step_count
+        elif isinstance(optimizer, torch.optim.Adam):
+            self._prepare_adam(optimizer)
+            optimizer.step(**step_kwargs)
+            step = None
+        elif isinstance(optimizer, torch.optim.SGD):
+            self._prepare_sgd(optimizer)
+            optimizer.step(**step_kwargs)
+            step = None
+        else:
+            raise UndoError(f"no update-undo for optimizer {type(optimizer).__name__}")
+        return step
+
+    def rollback(self) -> None:
+        """Put back everything the step changed so far (it raised part-way)."""
+        with torch.no_grad():
+            for table, _, _, done in reversed(self._rows):
+                befores = (done.weight_before, done.exp_avg_before, done.exp_avg_sq_before)
+                for target, rows_before in zip(table.tensors(), befores, strict=True):
+                    target.index_copy_(0, table.rows, rows_before)
+            for entry, before in reversed(self._pending):
+                entry.rollback(before)
+        for counter in reversed(self._counters):
+            counter.write(counter.before)
+        self._entries, self._pending, self._rows, self._counters = [], [], [], []
+
+    def finish(self, step: int | None) -> UndoRecord:
+        """The record of the captured step (``step``: the step counter after it).
+
+        Computes the corrections (the inverse against the pre-update copies) and drops the
+        copies.
+        """
+        for entry, before in self._pending:
+            entry.finish(before, measure=self.measure)
+        self._pending = []
+        for entry, parts in _group_rows(self._rows):
+            self._entries.append(entry)
+            entry.finish(
+                stacked([[getattr(d, f"{r}_before") for d in parts] for r in _ROLES]),
+                after=stacked([[getattr(d, f"{r}_after") for d in parts] for r in _ROLES]),
+                measure=self.measure,
+            )
+        self._rows = []
+        for counter in self._counters:
+            counter.after = counter.read()
+        return UndoRecord(step=step, params=self._entries, counters=self._counters)
+
+    # ------------------------------------------------------------------ preparation
+    def _name(self, p: torch.Tensor, index: int) -> str:
+        return self._names.get(id(p), f"param{index}")
+
+    def _default_names(self, opt: torch.optim.Optimizer) -> None:
+        params = [p for group in opt.param_groups for p in group["params"]]
+        for index, p in enumerate(params):
+            self._names.setdefault(id(p), f"param{index}")
+
+    def _lazy_counters(self, opt: LazyAdam) -> None:
+        for group in opt.param_groups:
+            self.counter(group, "step")
+
+    def _prepare_adam(self, opt: torch.optim.Adam) -> None:
+        index = 0
+        for group in opt.param_groups:
+            hyper = _adam_hyper(group, type(opt).__name__)
+            # One entry per (step, device): the members' flat tensors are concatenated.
+            buckets: dict[tuple[int, bool, torch.device], list[tuple[str, torch.Tensor]]] = {}
+            for p in group["params"]:
+                name = self._name(p, index)
+                index += 1
+                if p.grad is None:
+                    continue
+                _check_param(p, name)
+                state = opt.state.get(p, {})
+                fresh = "exp_avg" not in state
+                step = 1 if fresh else int(state["step"]) + 1
+                buckets.setdefault((step, fresh, p.device), []).append((name, p))
+            for (step, fresh, _), members in buckets.items():
+                params = [p for _, p in members]
+                if fresh:
+                    before = _copy_stacked([params])
+                    kept: torch.Tensor | None = None
+                    roles: tuple[str, ...] = ("weight",)
+                else:
+                    states = [opt.state[p] for p in params]
+                    before = _copy_stacked(
+                        [params, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]]
+                    )
+                    kept, roles = before[1].clone(), ("weight", "exp_avg", "exp_avg_sq")
+                names = tuple(n for n, _ in members)
+                entry = AdamParamUndo(
+                    name=names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]}",
+                    names=names,
+                    step=step,
+                    roles=roles,
+                    params=params,
+                    optimizer=opt,
+                    hyper=hyper,
+                    exp_avg_before=kept,
+                )
+                self._entries.append(entry)
+                self._pending.append((entry, before))
+
+    def _prepare_sgd(self, opt: torch.optim.SGD) -> None:
+        index = 0
+        for group in opt.param_groups:
+            hyper = SgdHyper(
+                lr=float(group["lr"]),
+                momentum=float(group["momentum"]),
+                dampening=float(group["dampening"]),
+                weight_decay=float(group["weight_decay"]),
+                nesterov=bool(group["nesterov"]),
+                maximize=bool(group["maximize"]),
+            )
+            for p in group["params"]:
+                name = self._name(p, index)
+                index += 1
+                if p.grad is None:
+                    continue
+                _check_param(p, name)
+                buffer = opt.state.get(p, {}).get("momentum_buffer")
+                kept_weight = None
+                if hyper.momentum != 0 and buffer is not None:
+                    before = list(_copy_stacked([[p], [buffer]]))
+                    kept: torch.Tensor | None = before[1]
+                    roles: tuple[str, ...] = ("weight", "momentum_buffer")
+                else:
+                    before, kept, roles = list(_copy_stacked([[p]])), None, ("weight",)
+                    if hyper.momentum == 0:
+                        kept_weight = before[0]
+                entry = SgdParamUndo(
+                    name=name,
+                    step=None,
+                    roles=roles,
+                    param=p,
+                    optimizer=opt,
+                    hyper=hyper,
+                    buffer_before=kept,
+                    weight_before=kept_weight,
+                )
+                self._entries.append(entry)
+                self._pending.append((entry, before))
 
 
-def _name(by_id: Mapping[int, str] | None, p: torch.Tensor, index: int) -> str:
-    return by_id.get(id(p), f"param{index}") if by_id is not None else f"param{index}"
+_ROLES = ("weight", "exp_avg", "exp_avg_sq")
 
 
-def _prepare_model_adam(
-    opt: ModelAdam, pending: _Pending, touched_rows: Mapping[str, torch.Tensor] | None
-) -> int:
-    by_id = {id(p): n for n, p in opt.params.items()}
-    if opt.dense is not None:
-        _prepare_adam(opt.dense, pending, by_id)
-    if opt.embeddings is not None:
-        rows = None
-        if touched_rows is not None:
-            rows = {opt.params[n]: r for n, r in touched_rows.items() if n in opt.params}
-        _prepare_lazy(opt.embeddings, pending, by_id, rows)
-    pending.counters.append(CounterUndo(target=opt, key="step_count", before=opt.step_count))
-    return opt.step_count + 1
+def _group_rows(
+    updates: list[tuple[TableRows, LazyHyper, int, RowsStep]],
+) -> list[tuple[LazyRowsUndo, list[RowsStep]]]:
+    """One :class:`LazyRowsUndo` per (hyper-parameters, step, device) of the row updates, in
+    order (a table updated twice starts a new one: its second update undoes first)."""
+    groups: list[tuple[LazyRowsUndo, list[RowsStep]]] = []
+    open_: dict[tuple[LazyHyper, int, torch.device], int] = {}
+    for table, hyper, step, done in updates:
+        key = (hyper, step, table.weight.device)
+        at = open_.get(key)
+        if at is not None and any(t.weight is table.weight for t in groups[at][0].tables):
+            at = None
+        if at is None:
+            open_[key] = len(groups)
+            entry = LazyRowsUndo(
+                name=table.name,
+                step=step,
+                roles=_ROLES,
+                tables=[],
+                hyper=hyper,
+                exp_avg_before=done.exp_avg_before,  # replaced below
+            )
+            groups.append((entry, []))
+            at = open_[key]
+        entry, parts = groups[at]
+        entry.tables.append(table)
+        parts.append(done)
+    for entry, parts in groups:
+        if len(entry.tables) > 1:
+            entry.name = f"{entry.tables[0].name} .. {entry.tables[-1].name}"
+        entry.exp_avg_before = flat_cat([d.exp_avg_before for d in parts])
+        entry.direction = flat_cat([d.direction for d in parts])
+    return groups
+
+
+def _copy_stacked(roles: list[list[torch.Tensor]]) -> torch.Tensor:
+    """The transient pre-update values: a (roles x N) copy (:func:`stacked`)."""
+    with torch.no_grad():
+        out = stacked(roles)
+        return out.clone() if sum(len(r) for r in roles) == 1 else out
 
 
 def _adam_hyper(group: Mapping[str, Any], where: str) -> AdamHyper:
@@ -343,140 +569,33 @@ def _check_param(p: torch.Tensor, name: str) -> None:
         raise UndoError(f"{name}: sparse gradient (use LazyAdam for embedding tables)")
 
 
-def _prepare_adam(
-    opt: torch.optim.Adam, pending: _Pending, by_id: Mapping[int, str] | None
-) -> None:
-    index = 0
-    for group in opt.param_groups:
-        hyper = _adam_hyper(group, type(opt).__name__)
-        for p in group["params"]:
-            name = _name(by_id, p, index)
-            index += 1
-            if p.grad is None:
-                continue
-            _check_param(p, name)
-            state = opt.state.get(p, {})
-            if "exp_avg" in state:
-                step = int(state["step"]) + 1
-                before = [_copy(p), _copy(state["exp_avg"]), _copy(state["exp_avg_sq"])]
-                kept: torch.Tensor | None = before[1]
-                roles: tuple[str, ...] = ("weight", "exp_avg", "exp_avg_sq")
-            else:
-                step, before, kept, roles = 1, [_copy(p)], None, ("weight",)
-            entry = AdamParamUndo(
-                name=name,
-                step=step,
-                roles=roles,
-                param=p,
-                optimizer=opt,
-                hyper=hyper,
-                exp_avg_before=kept,
-            )
-            pending.entries.append((entry, before))
-
-
-def _prepare_lazy(
-    opt: LazyAdam,
-    pending: _Pending,
-    by_id: Mapping[int, str] | None,
-    touched_rows: Mapping[torch.Tensor, torch.Tensor] | None,
-) -> None:
-    index = 0
-    for group in opt.param_groups:
-        pending.counters.append(CounterUndo(target=group, key="step", before=int(group["step"])))
-        beta1, beta2 = group["betas"]
-        hyper = LazyHyper(
-            lr=float(group["lr"]),
-            beta1=float(beta1),
-            beta2=float(beta2),
-            eps=float(group["eps"]),
-            weight_decay=float(group["weight_decay"]),
-        )
-        for p in group["params"]:
-            name = _name(by_id, p, index)
-            index += 1
-            if p.grad is not None and p.grad.is_sparse and not p.grad.is_coalesced():
-                p.grad = p.grad.coalesce()  # once here; LazyAdam.step then reuses it
-            touched = LazyAdam._touched(p, touched_rows)
-            if touched is None or touched[0].numel() == 0:
-                continue
-            state = opt.state[p]
-            entry, before = _lazy_entry(
-                name,
-                p.detach(),
-                state["exp_avg"],
-                state["exp_avg_sq"],
-                touched[0],
-                hyper=hyper,
-                step=int(group["step"]) + 1,
-            )
-            pending.entries.append((entry, before))
-
-
-def _lazy_entry(
-    name: str,
-    weight: torch.Tensor,
-    exp_avg: torch.Tensor,
-    exp_avg_sq: torch.Tensor,
-    rows: torch.Tensor,
+def step_with_undo(
+    optimizer: Any,
     *,
-    hyper: LazyHyper,
-    step: int,
-) -> tuple[LazyRowsUndo, list[torch.Tensor]]:
-    rows = rows.to(device=weight.device, dtype=torch.int64)
-    before = [t.detach().index_select(0, rows).reshape(-1) for t in (weight, exp_avg, exp_avg_sq)]
-    entry = LazyRowsUndo(
-        name=name,
-        step=step,
-        roles=("weight", "exp_avg", "exp_avg_sq"),
-        weight=weight,
-        exp_avg=exp_avg,
-        exp_avg_sq=exp_avg_sq,
-        rows=rows,
-        hyper=hyper,
-        exp_avg_before=before[1],
-    )
-    return entry, before
+    names: Iterable[tuple[str, torch.Tensor]] | None = None,
+    measure: bool = False,
+    **step_kwargs: Any,
+) -> UndoRecord:
+    """``optimizer.step(**step_kwargs)``, returning the record that takes it back.
 
+    Args:
+        optimizer: a :class:`recd.optim.ModelAdam`, :class:`recd.optim.LazyAdam`,
+            ``torch.optim.Adam`` / ``AdamW`` (not AMSGrad) or ``torch.optim.SGD``.
+        names: ``(name, parameter)`` pairs (e.g. ``model.named_parameters()``) to name the
+            entries (default: ModelAdam's names, else ``param<i>`` in group order).
+        measure: also record the pure inverse's bitwise error (extra passes; for reports).
+        step_kwargs: passed to ``step`` (``touched_rows=`` for ModelAdam / LazyAdam).
 
-def _prepare_sgd(opt: torch.optim.SGD, pending: _Pending, by_id: Mapping[int, str] | None) -> None:
-    index = 0
-    for group in opt.param_groups:
-        hyper = SgdHyper(
-            lr=float(group["lr"]),
-            momentum=float(group["momentum"]),
-            dampening=float(group["dampening"]),
-            weight_decay=float(group["weight_decay"]),
-            nesterov=bool(group["nesterov"]),
-            maximize=bool(group["maximize"]),
-        )
-        for p in group["params"]:
-            name = _name(by_id, p, index)
-            index += 1
-            if p.grad is None:
-                continue
-            _check_param(p, name)
-            buffer = opt.state.get(p, {}).get("momentum_buffer")
-            kept_weight = None
-            if hyper.momentum != 0 and buffer is not None:
-                before = [_copy(p), _copy(buffer)]
-                kept: torch.Tensor | None = before[1]
-                roles: tuple[str, ...] = ("weight", "momentum_buffer")
-            else:
-                before, kept, roles = [_copy(p)], None, ("weight",)
-                if hyper.momentum == 0:
-                    kept_weight = before[0]
-            entry = SgdParamUndo(
-                name=name,
-                step=None,
-                roles=roles,
-                param=p,
-                optimizer=opt,
-                hyper=hyper,
-                buffer_before=kept,
-                weight_before=kept_weight,
-            )
-            pending.entries.append((entry, before))
+    If the step raises, every parameter, state tensor and counter it touched is put back
+    before the exception propagates.
+    """
+    capture = StepCapture(names=names, measure=measure)
+    try:
+        step = capture.run(optimizer, **step_kwargs)
+    except BaseException:
+        capture.rollback()
+        raise
+    return capture.finish(step)
 
 
 def update_rows_with_undo(
@@ -497,30 +616,27 @@ def update_rows_with_undo(
 ) -> LazyRowsUndo:
     """:func:`recd.optim.lazy_adam_update_rows`, returning the entry that takes it back.
 
-    For optimizers that update table shards themselves (``recd.train.sharding.ShardedAdam``):
-    collect the entries into an :class:`UndoRecord` with the step counters. Arguments as
-    ``lazy_adam_update_rows`` (``rows`` unique); ``name`` names the entry.
+    Arguments as ``lazy_adam_update_rows`` (``rows`` unique); ``name`` names the entry.
+    Collect entries into an :class:`UndoRecord` with the step counters, or use
+    :class:`StepCapture`, which does that.
     """
-    hyper = LazyHyper(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
-    entry, before = _lazy_entry(name, weight, exp_avg, exp_avg_sq, rows, hyper=hyper, step=step)
-    try:
-        lazy_adam_update_rows(
-            weight,
-            exp_avg,
-            exp_avg_sq,
-            entry.rows,
-            grad_rows,
-            lr=lr,
-            beta1=beta1,
-            beta2=beta2,
-            eps=eps,
-            weight_decay=weight_decay,
-            step=step,
-        )
-    except BaseException:
-        entry.rollback(before)
-        raise
-    entry.finish(before, measure=measure)
+    capture = StepCapture(measure=measure)
+    capture.update_rows(
+        weight,
+        exp_avg,
+        exp_avg_sq,
+        rows,
+        grad_rows,
+        lr=lr,
+        beta1=beta1,
+        beta2=beta2,
+        eps=eps,
+        weight_decay=weight_decay,
+        step=step,
+        name=name,
+    )
+    (entry,) = capture.finish(step).params
+    assert isinstance(entry, LazyRowsUndo)
     return entry
 
 

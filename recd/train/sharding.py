@@ -41,7 +41,9 @@ up are updated; m and v per element; bias correction with the global step):
 Dense parameters use ``torch.optim.Adam`` through :class:`recd.optim.ModelAdam`, with the
 same step counter as the tables. Call ``step()`` after every training forward + backward: a
 training-mode forward (grad enabled) records its ids until the next ``step()``; evaluation
-under ``torch.no_grad()`` or ``model.eval()`` records nothing.
+under ``torch.no_grad()`` or ``model.eval()`` records nothing. ``step(capture=True)`` runs
+the same update and also returns the record that takes it back bit-exactly (update-undo,
+:mod:`recd.recovery.undo`; survivor-based recovery, :mod:`recd.recovery.survivor`).
 
 What runs on CPU (gloo, 2 processes, tested against the unsharded model): table_wise,
 row_wise, column_wise and data_parallel (and table_row_wise, checked by hand) with the DENSE
@@ -76,7 +78,7 @@ import math
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 
 import numpy as np
 import torch
@@ -114,9 +116,13 @@ from recd.errors import ConfigError
 from recd.optim.lazy_adam import lazy_adam_update_rows
 from recd.optim.model_adam import AdamConfig, FlatState, ModelAdam
 
+if TYPE_CHECKING:
+    from recd.recovery.undo import StepCapture, UndoRecord
+
 __all__ = [
     "SHARDING_KINDS",
     "ParamShard",
+    "RowHyper",
     "ShardedAdam",
     "build_sharded_training",
     "build_sharding_plan",
@@ -148,6 +154,16 @@ _TYPE_OF_KIND: dict[str, ShardingType] = {
 }
 _EBC_PATH = "sparse_arch.embedding_bag_collection"
 _EC_PATH = "sequence_arch.embedding_collection"
+
+
+class RowHyper(TypedDict):
+    """Keyword arguments of :func:`recd.optim.lazy_adam_update_rows` besides ``step``."""
+
+    lr: float
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
 
 
 # ----------------------------------------------------------------------------- layout and plan
@@ -619,12 +635,66 @@ class ShardedAdam:
                 table.kernel.emb_module.weights.grad = None
 
     @torch.no_grad()
-    def step(self) -> None:
-        """One Adam step: dense layers, replicated tables, then this rank's table shards."""
-        self.dense.step()
-        self.step_count += 1
+    def step(self, *, capture: bool = False) -> UndoRecord | None:
+        """One Adam step: dense layers, replicated tables, then this rank's table shards.
+
+        ``capture=True`` (update-undo, :mod:`recd.recovery.undo`): also return the
+        :class:`~recd.recovery.undo.UndoRecord` that takes the whole step back bit-exactly
+        (dense layers, replicated tables, this rank's table shards and both step counters;
+        CPU route only: fbgemm's fused ADAM updates inside the backward, out of reach). A
+        captured step that raises part-way (e.g. a collective fails because a peer died) is
+        rolled back before the exception propagates. Same updates, same bits, either way.
+        """
+        capture_ = self._new_capture() if capture else None
+        try:
+            if capture_ is None:
+                self.dense.step()
+            else:
+                capture_.run(self.dense)
+                capture_.counter(self, "step_count")
+            self.step_count += 1
+            hyper = self.embedding_hyper()
+            for table, m, v, rows, grad in self._touched_shards():
+                args = (table.weight, m, v, rows, grad.index_select(0, rows))
+                if capture_ is None:
+                    lazy_adam_update_rows(*args, **hyper, step=self.step_count)
+                else:
+                    name = f"{table.name}[{table.rows[0]}:{table.rows[1]}]"
+                    capture_.update_rows(*args, **hyper, step=self.step_count, name=name)
+        except BaseException:
+            if capture_ is not None:
+                capture_.rollback()
+            raise
+        return None if capture_ is None else capture_.finish(self.step_count)
+
+    def embedding_hyper(self) -> RowHyper:
+        """The table shards' Adam settings, as :func:`recd.optim.lazy_adam_update_rows`
+        takes them (``lr``, ``beta1``, ``beta2``, ``eps``, ``weight_decay``)."""
         cfg = self.config
-        lr = cfg.lr if cfg.embedding_lr is None else cfg.embedding_lr
+        return {
+            "lr": cfg.lr if cfg.embedding_lr is None else cfg.embedding_lr,
+            "beta1": cfg.beta1,
+            "beta2": cfg.beta2,
+            "eps": cfg.eps,
+            "weight_decay": cfg.embedding_weight_decay,
+        }
+
+    def _new_capture(self) -> StepCapture:
+        from recd.errors import UndoError
+        from recd.recovery.undo import StepCapture
+
+        fused = [t.name for t in self.tables if t.fused]
+        if fused:
+            raise UndoError(f"tables {fused}: no update-undo for fbgemm's fused ADAM")
+        return StepCapture()
+
+    def _touched_shards(
+        self,
+    ) -> Iterator[tuple[_LocalTable, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """``(table, m, v, rows, grad)`` of every local DENSE-kernel shard the batches since
+        the last step touched (rows: (R,) sorted unique local rows; grad: the shard's dense
+        gradient); consumes the recorded ids. Replicated tables all-gather their rows (a
+        collective: every rank iterates)."""
         touched, self._touched = self._touched, {}
         for i, table in enumerate(self.tables):
             if table.fused:
@@ -637,19 +707,7 @@ class ShardedAdam:
             if rows is None or rows.numel() == 0 or grad is None:
                 continue
             m, v = self._moments[i]
-            lazy_adam_update_rows(
-                table.weight,
-                m,
-                v,
-                rows,
-                grad.index_select(0, rows),
-                lr=lr,
-                beta1=cfg.beta1,
-                beta2=cfg.beta2,
-                eps=cfg.eps,
-                weight_decay=cfg.embedding_weight_decay,
-                step=self.step_count,
-            )
+            yield table, m, v, rows, grad
 
     def _all_gather_rows(self, rows: torch.Tensor | None, device: torch.device) -> torch.Tensor:
         """Union over ranks of the rows a data-parallel table was looked up at."""
