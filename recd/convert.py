@@ -26,12 +26,10 @@ from recd.jagged import (
     RecordBatchLike,
     _column,
     _first_null_row,
-    find_distinct_hashed,
     find_distinct_rows,
     find_distinct_stacked,
     gather_rows,
     group_slots,
-    prefers_hashed,
     read_list_column,
     stack_columns,
     take_rows,
@@ -140,21 +138,14 @@ def build_ikjt(
 ) -> InverseKeyedJaggedTensor:
     """Deduplicate one group of columns into an IKJT (distinct rows in first-occurrence order).
 
-    Long rows (``prefers_hashed``) are deduplicated by Arrow's hash tables and each key's
-    distinct rows gathered; short ones are stacked key-major once (``stack_columns``), so the
-    numpy dedup and the gather of the distinct rows each run once over all of the group's keys.
+    The group is stacked key-major once (``stack_columns``), so the dedup and the gather of the
+    distinct rows each run once over all of its keys, however many keys the group has.
     """
-    if prefers_hashed(columns, batch_size=batch_size):
-        # Long rows: Arrow's hash tables over each key's bytes, then one gather per key.
-        distinct, inverse = find_distinct_hashed(columns, batch_size=batch_size)
-        values = np.concatenate([gather_rows(c, distinct) for c in columns])
-        lengths = np.concatenate([c.lengths[distinct] for c in columns])
-    else:
-        stacked = stack_columns(columns)
-        k = len(columns)
-        distinct, inverse = find_distinct_stacked(stacked, num_keys=k, batch_size=batch_size)
-        out = take_rows(stacked, group_slots(distinct, num_keys=k, batch_size=batch_size))
-        values, lengths = out.values, np.diff(out.offsets)
+    stacked = stack_columns(columns)
+    k = len(columns)
+    distinct, inverse = find_distinct_stacked(stacked, num_keys=k, batch_size=batch_size)
+    out = take_rows(stacked, group_slots(distinct, num_keys=k, batch_size=batch_size))
+    values, lengths = out.values, np.diff(out.offsets)
     return InverseKeyedJaggedTensor(
         keys=list(keys),
         values=torch.from_numpy(values),

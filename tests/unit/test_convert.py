@@ -119,60 +119,42 @@ def test_ikjt_conversion_is_exact_and_groups_only_synchronised_rows(case) -> Non
     )
 
 
-@settings(max_examples=120, deadline=None)
-@given(arrow_batches(), st.booleans())
-def test_hashed_and_numpy_routes_agree_exactly(case, large: bool) -> None:
-    """Arrow's hash-table route (long rows) and the numpy kernel (short rows) return the same
-    distinct rows and inverse for any group; ``large`` forces ``large_binary`` offsets."""
-    batch, groups = case
-    spec = FeatureSpec(sparse=batch.schema.names, labels=[], dedup_sparse_features=groups)
-    threshold, int32_max = jagged.HASHED_MIN_IDS_PER_ROW, jagged._INT32_MAX
-    try:
-        jagged.HASHED_MIN_IDS_PER_ROW = 10**9  # numpy route everywhere
-        by_numpy = convert_sparse(batch, spec, source="n")
-        jagged.HASHED_MIN_IDS_PER_ROW = 0  # hashed route everywhere
-        if large:
-            jagged._INT32_MAX = 0
-        _check_grouping(batch, spec)
-        assert convert_sparse(batch, spec, source="h").equals(by_numpy)
-        for group in groups:
-            columns = [read_list_column(batch, name, source="h") for name in group]
-            hashed = jagged.find_distinct_hashed(columns, batch_size=batch.num_rows)
-            stacked = jagged.find_distinct_stacked(
-                jagged.stack_columns(columns), num_keys=len(group), batch_size=batch.num_rows
-            )
-            assert all(np.array_equal(a, b) for a, b in zip(hashed, stacked, strict=True))
-    finally:
-        jagged.HASHED_MIN_IDS_PER_ROW, jagged._INT32_MAX = threshold, int32_max
-
-
-def test_long_rows_take_the_hashed_route() -> None:
-    short = [jagged.JaggedColumn(np.arange(5) * 2, np.zeros(8, np.int64))]
-    long = [jagged.JaggedColumn(np.arange(5) * 8, np.zeros(32, np.int64))]
-    assert not jagged.prefers_hashed(short, batch_size=4)
-    assert jagged.prefers_hashed(long, batch_size=4)
-    assert not jagged.prefers_hashed(long[:0], batch_size=0)
-
-
 @settings(max_examples=60, deadline=None)
-@given(arrow_batches(), st.sampled_from(["constant", "length"]))
-def test_hash_collisions_never_merge_different_rows(case, kind: str) -> None:
+@given(arrow_batches())
+def test_large_binary_offsets_give_the_same_result(case) -> None:
+    """Past 2 GiB of ids per group the rows are viewed as ``large_binary``: same results."""
     batch, groups = case
-
-    def colliding(column: JaggedColumn) -> np.ndarray:
-        if kind == "constant":
-            return np.zeros(column.offsets.size - 1, dtype=np.uint64)
-        return np.diff(column.offsets).astype(np.uint64)  # [1, 2] and [2, 1] collide
-
     spec = FeatureSpec(sparse=batch.schema.names, labels=[], dedup_sparse_features=groups)
-    honest = convert_sparse(batch, spec, source="h")
-    original = jagged._row_hashes
-    jagged._row_hashes = colliding
+    small = convert_sparse(batch, spec, source="s")
+    int32_max = jagged._INT32_MAX
+    jagged._INT32_MAX = -1  # every column "outgrows" int32 offsets
     try:
+        assert jagged.as_binary(
+            read_list_column(batch, batch.schema.names[0], source="l")
+        ).type == (pa.large_binary())
         _check_grouping(batch, spec)
-        assert convert_sparse(batch, spec, source="h").equals(honest)
+        assert convert_sparse(batch, spec, source="l").equals(small)
     finally:
-        jagged._row_hashes = original
+        jagged._INT32_MAX = int32_max
+
+
+def test_rows_with_equal_bytes_across_keys_or_lengths_stay_separate() -> None:
+    """Byte-level dedup must not confuse ids moved between keys, empty vs zero ids, or a row
+    with its neighbour in another key of the stacked group."""
+    batch = pa.record_batch(
+        {
+            "c": pa.array([[1, 2], [1], [], [0], [5], [5]], IDS),
+            "d": pa.array([[3], [2, 3], [0], [], [5], [5]], IDS),
+        }
+    )
+    spec = FeatureSpec(sparse=["c", "d"], labels=[], dedup_sparse_features=[["c", "d"]])
+    _check_grouping(batch, spec)
+    (ikjt,) = convert_sparse(batch, spec, source="x").ikjts
+    assert ikjt.inverse_lookup().tolist() == [0, 1, 2, 3, 4, 4]
+    # Stacked key-major, row (d, 0) follows row (c, 5) == [5]; it must not count as a repeat.
+    edge = pa.record_batch({"c": pa.array([[7], [9]], IDS), "d": pa.array([[9], [9]], IDS)})
+    (ikjt,) = convert_sparse(edge, spec, source="x").ikjts
+    assert ikjt.inverse_lookup().tolist() == [0, 1]
 
 
 def test_unsynchronised_rows_stay_separate() -> None:
