@@ -227,7 +227,7 @@ def find_distinct_stacked(
         if same.size > 1:
             equal = pc.equal(rows.slice(1), rows.slice(0, same.size - 1))
             same[1:] = equal.to_numpy(zero_copy_only=False)
-        repeats = same.reshape(num_keys, batch_size).all(axis=0)
+        repeats = np.logical_and.reduce(same.reshape(num_keys, batch_size), axis=0)
         repeats[0] = False
     heads = np.flatnonzero(~repeats)
     if heads.size < batch_size:
