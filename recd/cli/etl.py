@@ -66,6 +66,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="Spark master for --engine spark (default: $SPARK_MASTER, spark-submit's, or "
         "local[*]); shards and table must be on a filesystem every executor sees",
     )
+    parser.add_argument(
+        "--workers",
+        type=_workers,
+        default=None,
+        metavar="N",
+        help="threads of the local engine: 1 serial, 2+ reads the next shard while writing "
+        "(same bytes out); 'auto' (default): min(2, cores)",
+    )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=_run)
@@ -87,6 +95,7 @@ def _run(args: argparse.Namespace) -> int:
         engine=args.engine,
         spark_master=args.spark_master,
         show_progress=not args.no_progress,
+        workers=args.workers,
     )
     report = run_etl(config)
     print(f"recd etl: {config.shard_dir} -> {config.table_dir}")
@@ -94,3 +103,17 @@ def _run(args: argparse.Namespace) -> int:
     if args.json is not None:
         report.write_json(args.json)
     return 0
+
+
+def _workers(text: str) -> int | None:
+    """``--workers``: a positive integer, or ``auto`` (None)."""
+    if text == "auto":
+        return None
+    problem = f"expected a positive integer or 'auto', got {text!r}"
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(problem) from exc
+    if value < 1:
+        raise argparse.ArgumentTypeError(problem)
+    return value

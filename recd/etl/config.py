@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,8 @@ class EtlConfig:
     """Bound on the rows held in memory at once (local engine): a quarter goes to the partition
     writers' row buffers, the rest to a pass over a shard; a shard whose decoded size exceeds
     that is processed in several passes, each keeping the sessions of one hash bucket. None:
-    one pass per shard (memory bounded by the largest shard) and 256 MiB of write buffers."""
+    one pass per shard (memory bounded by the largest shard, or two with ``workers`` >= 2:
+    one read ahead) and 256 MiB of write buffers."""
     dictionary: str = "auto"
     """Parquet dictionary encoding: ``auto`` (per column, where it pays on measured
     statistics), ``all`` or ``none``; see recd.etl.encodings."""
@@ -59,6 +61,13 @@ class EtlConfig:
     """Show a progress bar per shard (also silenced by ``RECD_PROGRESS=0``)."""
     spark_master: str | None = None
     """Spark master URL for ``engine="spark"`` (None: the Spark engine's default, local mode)."""
+    workers: int | None = None
+    """Threads of the local engine (pyarrow's kernels release the GIL). 1: serial. 2 or more:
+    a reader thread prepares (decodes, validates, sorts) the next shard-pass while this thread
+    writes the current one; two passes in memory, so only without a budget (peak: about two
+    shards) or when every shard fits in half of it; else the extra threads decode blocks
+    ahead. The files' last row groups are written by ``workers`` threads. The output is
+    byte-identical for every value. None: ``min(2, os.cpu_count())``. Spark ignores it."""
 
     def __post_init__(self) -> None:
         self.shard_dir = Path(self.shard_dir)
@@ -73,6 +82,8 @@ class EtlConfig:
             raise ConfigError(
                 f"memory_budget_bytes must be >= 1 or None, got {self.memory_budget_bytes}"
             )
+        if self.workers is not None and self.workers < 1:
+            raise ConfigError(f"workers must be >= 1 or None (auto), got {self.workers}")
         _check_choice("dictionary", self.dictionary, DICTIONARY_MODES)
         _check_choice("on_bad_rows", self.on_bad_rows, ON_BAD_ROWS)
         _check_choice("engine", self.engine, ENGINES)
@@ -89,6 +100,13 @@ class EtlConfig:
     @property
     def end_ms(self) -> int | None:
         return None if self.end is None else _hour_aligned_ms(self.end, "end")
+
+    @property
+    def worker_threads(self) -> int:
+        """``workers``, with None resolved to ``min(2, os.cpu_count())``."""
+        if self.workers is not None:
+            return self.workers
+        return max(1, min(2, os.cpu_count() or 1))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -132,6 +150,8 @@ class EtlReport:
     """rows_in / seconds."""
     peak_rss_bytes: int = 0
     """Peak resident memory of the process that ran the ETL."""
+    workers: int = 1
+    """Threads the local engine ran with (``EtlConfig.workers`` resolved)."""
     passes_per_shard: dict[str, int] = field(default_factory=dict)
     """Shard file name -> passes it took (> 1 when the memory budget split it)."""
     rows_per_partition: dict[str, int] = field(default_factory=dict)

@@ -195,10 +195,9 @@ def test_partition_writers_bound_open_files_and_buffers(
         max_open_files=2,
     )
     partitions = [Partition(ds="2026-11-01", hour=h) for h in range(3)]
-    indices = pa.array(np.arange(rows.num_rows))
     for round_ in range(3):
         for i, partition in enumerate(partitions):
-            writers.append(partition, rows, indices.slice(30 * (3 * round_ + i), 30))
+            writers.append(partition, rows.slice(30 * (3 * round_ + i), 30))
             assert sum(w.is_open for w in writers.writers.values()) <= 2
             pending = sum(w.pending_bytes for w in writers.writers.values())
             assert writers.buffered_bytes == pending <= 2_500
@@ -420,7 +419,11 @@ def test_passes_come_from_the_manifest_when_it_lists_decoded_sizes(
     )
     shards = [{"shard": k, "uncompressed_bytes": 40 * 2**20, "blocks": 5} for k in range(3)]
     (shard_dir / "_manifest.json").write_text(json.dumps({"key": "session", "shards": shards}))
-    report = etl(shard_dir, tmp_path / "b", memory_budget_bytes=budget)
+    report = etl(shard_dir, tmp_path / "b", memory_budget_bytes=budget, workers=1)
     # ceil(3.0 x 40 MiB / 7.5 MiB): a quarter of the budget goes to the write buffers.
     assert set(report.passes_per_shard.values()) == {16}
     assert all_rows(tmp_path / "b").equals(rows.sort_by(REQUEST_ID))
+    # The passes do not depend on the workers (nor does the output).
+    report = etl(shard_dir, tmp_path / "c", memory_budget_bytes=budget, workers=2)
+    assert set(report.passes_per_shard.values()) == {16}
+    assert all_rows(tmp_path / "c").equals(rows.sort_by(REQUEST_ID))
