@@ -149,7 +149,8 @@ def markdown(r: dict[str, Any]) -> str:
         ),
         (
             "recd etl (clustered)",
-            f"{r['etl_rows_per_s']:,.0f} rows/s, peak RSS {r['peak_rss_bytes'] / 2**20:,.0f} MiB",
+            f"{r['etl_rows_per_s']:,.0f} rows/s ({r['etl_clustered'].get('workers', 1)} threads), "
+            f"peak RSS {r['peak_rss_bytes'] / 2**20:,.0f} MiB",
         ),
         (
             "reference: DuckDB sort + zstd Parquet",
