@@ -29,11 +29,14 @@ writer thread, which
 
 0. copies weights, m and v into the *file image*: one page-aligned buffer laid out exactly
    as ``step_k.bin`` (pinned when training on a GPU). This copy overlaps the next step's
-   batch loading and forward pass, which read the parameters but change nothing; the
-   optimizer's next ``zero_grad()`` (between forward and backward, so before anything
-   updates a parameter, including fused optimizers such as fbgemm's fused ADAM that update
-   embedding rows inside the backward pass) waits until the copy is complete. The image is
-   therefore exactly the state of step k. Several processes: each rank copies its blocks
+   batch loading, forward and backward passes, which read the parameters but change
+   nothing (``ModelAdam`` updates every parameter, embedding rows included, in ``step()``
+   only: it never fuses the update into the backward pass); the optimizer's next
+   ``step()`` waits until the copy is complete. The image is therefore exactly the state of
+   step k. Measured on the checkpoint benchmark's 10M-parameter DLRM (121.6 MB image):
+   guarding ``step()`` instead of ``zero_grad()`` (before the backward) cut the training
+   thread's wait per checkpoint from 17.8 to a few ms. Several processes (``ShardedAdam``,
+   whose fused tables on a GPU update inside the backward): each rank copies its blocks
    (``ShardedAdam.export_local``) at the boundary instead;
 
 then, in this order,
@@ -216,7 +219,11 @@ class CheckpointStats:
     wait_s: float = 0.0
     """Part of ``blocked_s`` spent waiting for the previous write (backpressure)."""
     guard_wait_s: float = 0.0
-    """Part of ``blocked_s`` the next step's ``zero_grad`` waited for the snapshot copy."""
+    """Part of ``blocked_s`` the next step's ``optimizer.step()`` waited for the snapshot
+    copy (helping with it: see ``pieces_copied_by_training``)."""
+    pieces_copied_by_training: int = 0
+    """Pieces of snapshot copies (``FILL_PIECE_ELEMENTS`` each) the training thread copied
+    itself while its ``step()`` waited for them."""
     write_s: list[float] = field(default_factory=list)
     """Per checkpoint: the background job (sidecars, file, commit, retention)."""
     file_write_s: list[float] = field(default_factory=list)
@@ -311,6 +318,69 @@ WRITE_CHUNK_BYTES = 64 << 20
 """Bytes per write call of the file image (a multiple of IMAGE_ALIGN)."""
 
 
+FILL_PIECE_ELEMENTS = 1 << 20
+"""The snapshot copy is cut into pieces of at most this many elements (4 MiB) so that the
+training thread, once it needs the parameters back, can take a share of what is left."""
+
+
+class FillPieces:
+    """One snapshot copy as a list of (target, source) pieces that two threads share.
+
+    The writer thread takes pieces from the front; a training thread that reaches the next
+    ``optimizer.step()`` before the copy is complete takes pieces from the back instead of
+    waiting idle, so the wait is roughly halved. Each piece is copied exactly once (claims
+    happen under a lock); :meth:`finish` waits for every piece, whoever copies it.
+    """
+
+    def __init__(self, pieces: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self._pieces = pieces
+        self._lock = threading.Lock()
+        self._front, self._back = 0, len(pieces)
+        self._pending = len(pieces)
+        self._error: BaseException | None = None
+        self.complete = threading.Event()
+        """Set once every piece is copied (or a copy failed)."""
+        self.copied_by_back = 0
+        """Pieces the helping (training) thread copied."""
+        if not pieces:
+            self.complete.set()
+
+    @torch.no_grad()
+    def work(self, *, from_back: bool) -> None:
+        """Copy pieces, from the front or the back, until none is left to claim."""
+        while True:
+            with self._lock:
+                if self._front >= self._back or self._error is not None:
+                    return
+                if from_back:
+                    self._back -= 1
+                    index = self._back
+                    self.copied_by_back += 1
+                else:
+                    index = self._front
+                    self._front += 1
+            target, source = self._pieces[index]
+            try:
+                target.copy_(source)
+            except BaseException as exc:
+                with self._lock:
+                    self._error = exc
+                self.complete.set()
+                raise
+            with self._lock:
+                self._pending -= 1
+                if self._pending == 0:
+                    self.complete.set()
+
+    def finish(self) -> None:
+        """Wait until every piece is copied; raise CheckpointError if a copy failed."""
+        self.complete.wait()
+        if self._error is not None:
+            raise CheckpointError(f"checkpoint snapshot copy failed: {self._error}") from (
+                self._error
+            )
+
+
 class _FileImage:
     """The whole ``step_NNNNNN.bin`` in one page-aligned buffer, reused by every snapshot.
 
@@ -342,22 +412,39 @@ class _FileImage:
 
     @torch.no_grad()
     def fill(self, optimizer: ModelAdam, step: int) -> None:
-        """Header, then every parameter's weights, m and v in layout order."""
+        """Header, then every parameter's weights, m and v in layout order (one thread)."""
+        pieces = self.plan_fill(optimizer, step)
+        if pieces is not None:
+            pieces.work(from_back=False)
+            pieces.finish()
+
+    @torch.no_grad()
+    def plan_fill(self, optimizer: ModelAdam, step: int) -> FillPieces | None:
+        """Write the header and return the copy of weights, m and v as :class:`FillPieces`
+        that two threads can share; on a GPU (pinned image, non-blocking device-to-host
+        copies) copy everything here and return None."""
         self.image[:HEADER_BYTES] = np.frombuffer(
             pack_header(step, self.layout.n_params), dtype=np.uint8
         )
         moments_m = optimizer.moments("adam_m")
         moments_v = optimizer.moments("adam_v")
+        pieces: list[tuple[torch.Tensor, torch.Tensor]] = []
         on_gpu = False
         for spec, offset in zip(self.layout.specs, self.layout.offsets, strict=True):
             param = optimizer.params[spec.name]
             on_gpu |= param.is_cuda
-            end = offset + spec.numel
             for row, source in enumerate((param, moments_m[spec.name], moments_v[spec.name])):
-                target = self.tensor[row, offset:end].view(spec.shape)
-                target.copy_(source.detach(), non_blocking=self.pin)
+                flat = source.detach().reshape(-1)
+                for start in range(0, spec.numel, FILL_PIECE_ELEMENTS):
+                    end = min(start + FILL_PIECE_ELEMENTS, spec.numel)
+                    target = self.tensor[row, offset + start : offset + end]
+                    pieces.append((target, flat[start:end]))
         if on_gpu:
+            for target, source in pieces:
+                target.copy_(source, non_blocking=self.pin)
             torch.cuda.synchronize()
+            return None
+        return FillPieces(pieces)
 
     def write(self, final: Path) -> Path:
         """Write the image to a temp file beside ``final`` and commit it (atomic, durable)."""
@@ -507,6 +594,8 @@ class Checkpointer:
         self._trainer: Trainer | None = None
         self._layout: ParamLayout | None = None
         self._buffers: _FileImage | None = None
+        self._fill_pieces: FillPieces | None = None
+        """The snapshot copy in flight (set by the writer thread once planned)."""
         self._audit_batch: Batch | None = None
         self._state_doc: dict[str, Any] = _empty_state_doc()
         self._pg: Any = None
@@ -715,10 +804,9 @@ class Checkpointer:
         """Snapshot now, write in the background (every rank, at the same step).
 
         One process, ``background = true``: the copy of weights, m and v into the file image
-        runs on the writer thread too, overlapping the next step's batch loading and forward
-        pass (which read the parameters but change nothing); the optimizer's next
-        ``zero_grad()`` (called between forward and backward: before anything updates a
-        parameter, fused in-backward optimizers included) waits until the copy is complete.
+        runs on the writer thread too, overlapping the next step's batch loading, forward and
+        backward (which read the parameters but change nothing: ``ModelAdam`` changes them in
+        ``step()`` only); the optimizer's next ``step()`` waits until the copy is complete.
         """
         began = time.perf_counter()
         self.wait()  # backpressure: one write in flight, and the image is free again
@@ -730,6 +818,7 @@ class Checkpointer:
             self._write(snapshot)
         else:
             filled = threading.Event() if snapshot.flat is not None else None
+            self._fill_pieces = None
             if filled is not None:
                 self._guard_parameters(trainer, filled)
 
@@ -746,19 +835,29 @@ class Checkpointer:
         try:
             if snapshot.flat is not None:
                 assert isinstance(trainer.optimizer, ModelAdam)
-                snapshot.flat.fill(trainer.optimizer, snapshot.step)
+                pieces = snapshot.flat.plan_fill(trainer.optimizer, snapshot.step)
+                if pieces is not None:
+                    self._fill_pieces = pieces  # the guarded step() may now take a share
+                    pieces.work(from_back=False)
+                    pieces.finish()
+                    self.stats.pieces_copied_by_training += pieces.copied_by_back
         finally:
             if filled is not None:
                 filled.set()
 
     def _guard_parameters(self, trainer: Trainer, filled: threading.Event) -> None:
-        """Until ``filled`` is set, the optimizer's ``zero_grad`` first waits for it."""
+        """Until ``filled`` is set, the optimizer's ``step`` first waits for it."""
+        self._unguard()  # two saves at one boundary: the previous copy is complete (wait())
         optimizer = trainer.optimizer
-        original = optimizer.zero_grad
+        assert isinstance(optimizer, ModelAdam), "only ModelAdam snapshots in the background"
+        original = optimizer.step
         stats = self.stats
 
         def guarded(*args: Any, **kwargs: Any) -> Any:
             began = time.perf_counter()
+            pieces = self._fill_pieces
+            if pieces is not None and not filled.is_set():
+                pieces.work(from_back=True)  # help with what is left instead of idling
             filled.wait()
             waited = time.perf_counter() - began
             stats.blocked_s += waited
@@ -766,17 +865,17 @@ class Checkpointer:
             self._unguard()
             return original(*args, **kwargs)
 
-        self._guarded = (optimizer, "zero_grad" in vars(optimizer), original)
-        optimizer.zero_grad = guarded
+        self._guarded = (optimizer, "step" in vars(optimizer), original)
+        optimizer.step = guarded  # type: ignore[method-assign]
 
     def _unguard(self) -> None:
         if self._guarded is None:
             return
         optimizer, had_attribute, original = self._guarded
         if had_attribute:
-            optimizer.zero_grad = original
+            optimizer.step = original
         else:
-            del optimizer.zero_grad  # back to the class's method
+            del optimizer.step  # back to the class's method
         self._guarded = None
 
     def _snapshot(self, trainer: Trainer, reason: str) -> _Snapshot:

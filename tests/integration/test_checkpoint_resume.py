@@ -381,17 +381,18 @@ def test_a_slow_background_snapshot_still_holds_the_state_of_its_step(
     reference: Reference, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The copy into the file image runs on the writer thread while the next step loads its
-    batch and runs its forward pass; the next ``zero_grad`` must wait for it. A copy slowed
+    batch and runs its forward and backward passes; the next ``optimizer.step()`` must wait
+    for it. A copy slowed
     down by 0.3 s must still hold exactly the state at its step, not a later one."""
     from recd.train import checkpointing
 
-    original = checkpointing._FileImage.fill
+    original = checkpointing._FileImage.plan_fill
 
-    def slow_fill(self: Any, optimizer: Any, step: int) -> None:
+    def slow_plan(self: Any, optimizer: Any, step: int) -> Any:
         time.sleep(0.3)
-        original(self, optimizer, step)
+        return original(self, optimizer, step)
 
-    monkeypatch.setattr(checkpointing._FileImage, "fill", slow_fill)
+    monkeypatch.setattr(checkpointing._FileImage, "plan_fill", slow_plan)
     captured: dict[int, Any] = {}
 
     class Capture:
