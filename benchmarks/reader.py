@@ -34,11 +34,9 @@ Writes benchmarks/results/reader.json, reader.md and reader.png (``--quick``: re
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import pickle
-import shutil
 import statistics
 import sys
 import tempfile
@@ -60,7 +58,7 @@ from recd.batch import Batch, SparseFeatures
 from recd.etl.commit import committed_partition_dirs
 from recd.etl.partitions import format_time_ms
 from recd.ikjt import kjt_equal
-from recd.pipeline import build_tables
+from recd.pipeline import reuse_or_build_tables
 from recd.reader import ReaderConfig, build_plan
 from recd.reader.dataset import iter_tagged_batches
 from recd.reader.plan import ReadPlan, list_table_files
@@ -87,65 +85,17 @@ PARTS = ("fill", "convert", "process")
 def prepare_tables(
     work: Path, *, rows: int, seed: int, num_shards: int, row_group_rows: int
 ) -> dict[str, Any]:
-    """Generate, shard (both keys) and ETL rm1-like into ``work/table`` (clustered) and
-    ``work/table_baseline`` (arrival order); reuse them if ``work`` already holds the same."""
-    catalogue = load_catalogue(PROFILE)
-    wanted = {
-        "profile": PROFILE,
-        "catalogue_sha256": hashlib.sha256(catalogue.to_json().encode()).hexdigest()[:16],
-        "pipeline_sha256": _pipeline_fingerprint(),
-        "rows_requested": rows,
-        "seed": seed,
-        "num_shards": num_shards,
-        "row_group_rows": row_group_rows,
-    }
-    stamp = work / DATA_STAMP
-    if stamp.is_file():
-        data: dict[str, Any] = json.loads(stamp.read_text())
-        if {k: data.get(k) for k in wanted} == wanted:
-            print(f"reusing the tables in {work}", flush=True)
-            return data
-    for name in ("raw", "shards", "table", "table_baseline", DATA_STAMP):
-        path = work / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
-    print(f"generating {PROFILE} (~{rows:,} rows), sharding, ETL (both tables) ...", flush=True)
-    built = build_tables(
+    """rm1-like into ``work/table`` (clustered) and ``work/table_baseline`` (arrival order),
+    reused when ``work`` already holds the same (:func:`recd.pipeline.reuse_or_build_tables`)."""
+    return reuse_or_build_tables(
         work,
         PROFILE,
+        stamp=DATA_STAMP,
         seed=seed,
         rows=rows,
         num_shards=num_shards,
         row_group_rows=row_group_rows,
-        keep_intermediate=False,
     )
-    gen, clustered, baseline = built.generate, built.clustered, built.baseline
-    data = {
-        **wanted,
-        "rows": gen.rows,
-        "sessions": gen.sessions,
-        "table_bytes_clustered": clustered.bytes_out,
-        "table_bytes_unclustered": baseline.bytes_out,
-        "files_clustered": clustered.files,
-        "files_unclustered": baseline.files,
-    }
-    stamp.write_text(json.dumps(data, indent=1) + "\n")
-    return data
-
-
-def _pipeline_fingerprint() -> str:
-    """Hash of the code that writes the tables (generator, sharding, ETL): reuse a work dir's
-    tables only if they were written by the same code."""
-    import recd.etl.local
-    import recd.logs.generate
-    import recd.logs.shard
-
-    h = hashlib.sha256()
-    for module in (recd.logs.generate, recd.logs.shard, recd.etl.local):
-        h.update(Path(str(module.__file__)).read_bytes())
-    return h.hexdigest()[:16]
 
 
 def same_files_window(clustered: Path, unclustered: Path) -> dict[str, Any]:

@@ -201,50 +201,21 @@ def describe_model(size: ModelSize) -> dict[str, Any]:
 def prepare_tables(
     work: Path, *, rows: int, seed: int, num_shards: int, row_group_rows: int
 ) -> dict[str, Any]:
-    """Generate, shard (both keys) and ETL rm1-like into ``work/table`` (clustered) and
-    ``work/table_baseline`` (arrival order); reuse them if ``work`` already holds the same."""
-    from recd.pipeline import build_tables
+    """rm1-like into ``work/table`` (clustered) and ``work/table_baseline`` (arrival order),
+    reused when ``work`` already holds the same (:func:`recd.pipeline.reuse_or_build_tables`;
+    a rebuild also drops the cached batches)."""
+    from recd.pipeline import reuse_or_build_tables
 
-    wanted = {
-        "profile": PROFILE,
-        "rows_requested": rows,
-        "seed": seed,
-        "num_shards": num_shards,
-        "row_group_rows": row_group_rows,
-    }
-    stamp = work / DATA_STAMP
-    if stamp.is_file():
-        data: dict[str, Any] = json.loads(stamp.read_text())
-        if {k: data.get(k) for k in wanted} == wanted:
-            print(f"reusing the tables in {work}", flush=True)
-            return data
-    for name in ("raw", "shards", "table", "table_baseline", "batches", DATA_STAMP):
-        path = work / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
-    print(f"generating {PROFILE} (~{rows:,} rows), sharding, ETL (both tables) ...", flush=True)
-    built = build_tables(
+    return reuse_or_build_tables(
         work,
         PROFILE,
+        stamp=DATA_STAMP,
         seed=seed,
         rows=rows,
         num_shards=num_shards,
         row_group_rows=row_group_rows,
-        keep_intermediate=False,
+        derived=("batches",),
     )
-    gen, clustered, baseline = built.generate, built.clustered, built.baseline
-    data = {
-        **wanted,
-        "rows": gen.rows,
-        "sessions": gen.sessions,
-        "partitions": clustered.partitions,
-        "table_bytes_clustered": clustered.bytes_out,
-        "table_bytes_unclustered": baseline.bytes_out,
-    }
-    stamp.write_text(json.dumps(data, indent=1) + "\n")
-    return data
 
 
 def partition_rows(table: Path) -> list[tuple[str, int]]:

@@ -448,3 +448,88 @@ def build_tables(
         shutil.rmtree(work / "raw")
         shutil.rmtree(work / "shards")
     return BuiltTables(generate=gen, shards=shards, clustered=clustered, baseline=baseline)
+
+
+def table_code_fingerprint() -> str:
+    """Hash of the code that writes the tables (generator, sharding, ETL): a work directory's
+    tables are reused only if they were written by the same code."""
+    import hashlib
+
+    import recd.etl.local
+    import recd.logs.generate
+    import recd.logs.shard
+
+    h = hashlib.sha256()
+    for module in (recd.logs.generate, recd.logs.shard, recd.etl.local):
+        h.update(Path(str(module.__file__)).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def reuse_or_build_tables(
+    work: Path,
+    profile: str,
+    *,
+    stamp: str,
+    seed: int,
+    rows: int,
+    num_shards: int,
+    row_group_rows: int,
+    derived: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """:func:`build_tables` into ``work`` (without the intermediates), unless ``work/stamp``
+    says the same tables (profile, catalogue, code, rows, seed, shards, row groups) are there.
+
+    Rebuilding first deletes the old data and ``derived`` (outputs made from the tables, e.g.
+    cached batches). Returns the stamp: the request plus rows, sessions, partitions, bytes and
+    files of both tables.
+    """
+    import hashlib
+    import shutil
+
+    from recd.schema import load_catalogue
+
+    catalogue = load_catalogue(profile)
+    wanted = {
+        "profile": profile,
+        "catalogue_sha256": hashlib.sha256(catalogue.to_json().encode()).hexdigest()[:16],
+        "pipeline_sha256": table_code_fingerprint(),
+        "rows_requested": rows,
+        "seed": seed,
+        "num_shards": num_shards,
+        "row_group_rows": row_group_rows,
+    }
+    stamp_path = work / stamp
+    if stamp_path.is_file():
+        data: dict[str, Any] = json.loads(stamp_path.read_text())
+        if {k: data.get(k) for k in wanted} == wanted:
+            print(f"reusing the tables in {work}", flush=True)
+            return data
+    for name in ("raw", "shards", "table", "table_baseline", *derived, stamp):
+        path = work / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    print(f"generating {profile} (~{rows:,} rows), sharding, ETL (both tables) ...", flush=True)
+    built = build_tables(
+        work,
+        profile,
+        seed=seed,
+        rows=rows,
+        num_shards=num_shards,
+        row_group_rows=row_group_rows,
+        keep_intermediate=False,
+    )
+    gen, clustered, baseline = built.generate, built.clustered, built.baseline
+    data = {
+        **wanted,
+        "rows": gen.rows,
+        "sessions": gen.sessions,
+        "partitions": clustered.partitions,
+        "table_bytes_clustered": clustered.bytes_out,
+        "table_bytes_unclustered": baseline.bytes_out,
+        "files_clustered": clustered.files,
+        "files_unclustered": baseline.files,
+    }
+    stamp_path.write_text(json.dumps(data, indent=1) + "\n")
+    return data
