@@ -411,14 +411,6 @@ class _FileImage:
         self.tensor = torch.from_numpy(self.regions)
 
     @torch.no_grad()
-    def fill(self, optimizer: ModelAdam, step: int) -> None:
-        """Header, then every parameter's weights, m and v in layout order (one thread)."""
-        pieces = self.plan_fill(optimizer, step)
-        if pieces is not None:
-            pieces.work(from_back=False)
-            pieces.finish()
-
-    @torch.no_grad()
     def plan_fill(self, optimizer: ModelAdam, step: int) -> FillPieces | None:
         """Write the header and return the copy of weights, m and v as :class:`FillPieces`
         that two threads can share; on a GPU (pinned image, non-blocking device-to-host
