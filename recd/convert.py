@@ -31,6 +31,7 @@ from recd.jagged import (
     gather_rows,
     group_slots,
     read_list_column,
+    read_stacked_columns,
     stack_columns,
     take_rows,
 )
@@ -45,7 +46,9 @@ __all__ = [
     "convert_sparse",
     "find_distinct_rows",
     "gather_rows",
+    "ikjt_from_stacked",
     "read_list_column",
+    "read_stacked_columns",
     "take_rows",
 ]
 
@@ -118,17 +121,15 @@ def convert_dense(
 
 
 # ---------------------------------------------------------------------- numpy -> tensors
-def _plain_kjt(
-    columns: dict[str, JaggedColumn], names: list[str], batch_size: int
-) -> KeyedJaggedTensor:
-    lengths = np.concatenate([columns[n].lengths for n in names])
-    values = np.concatenate(
-        [columns[n].values[columns[n].offsets[0] : columns[n].offsets[-1]] for n in names]
-    )
+def _plain_kjt(stacked: JaggedColumn, names: list[str], batch_size: int) -> KeyedJaggedTensor:
+    """KJT of the plain features from their stacked columns (offsets from 0, key-major)."""
+    values = stacked.values[: int(stacked.offsets[-1])]
+    if not values.flags.writeable:  # a zero-copy view of Arrow's read-only buffer
+        values = values.copy()
     return KeyedJaggedTensor(
         keys=list(names),
         values=torch.from_numpy(values),
-        lengths=torch.from_numpy(lengths),
+        lengths=torch.from_numpy(np.diff(stacked.offsets)),
         stride=batch_size,
     )
 
@@ -136,20 +137,25 @@ def _plain_kjt(
 def build_ikjt(
     columns: Sequence[JaggedColumn], keys: list[str], *, batch_size: int
 ) -> InverseKeyedJaggedTensor:
-    """Deduplicate one group of columns into an IKJT (distinct rows in first-occurrence order).
+    """Deduplicate one group of columns into an IKJT (distinct rows in first-occurrence order)."""
+    return ikjt_from_stacked(stack_columns(columns), keys, batch_size=batch_size)
 
-    The group is stacked key-major once (``stack_columns``), so the dedup and the gather of the
-    distinct rows each run once over all of its keys, however many keys the group has.
+
+def ikjt_from_stacked(
+    stacked: JaggedColumn, keys: list[str], *, batch_size: int
+) -> InverseKeyedJaggedTensor:
+    """The IKJT of a group given stacked key-major (``stack_columns``, K * B rows).
+
+    Stacked once, the group's dedup and the gather of its distinct rows each run once over all
+    of its keys, however many keys the group has.
     """
-    stacked = stack_columns(columns)
-    k = len(columns)
+    k = len(keys)
     distinct, inverse = find_distinct_stacked(stacked, num_keys=k, batch_size=batch_size)
     out = take_rows(stacked, group_slots(distinct, num_keys=k, batch_size=batch_size))
-    values, lengths = out.values, np.diff(out.offsets)
     return InverseKeyedJaggedTensor(
         keys=list(keys),
-        values=torch.from_numpy(values),
-        lengths=torch.from_numpy(lengths),
+        values=torch.from_numpy(out.values),
+        lengths=torch.from_numpy(np.diff(out.offsets)),
         inverse_lookup=torch.from_numpy(inverse),
     )
 
@@ -159,16 +165,16 @@ def convert_sparse(
 ) -> SparseFeatures:
     """Sparse columns -> a plain KJT (features in no group) + one IKJT per dedup group."""
     b = batch.num_rows
-    columns = {
-        name: read_list_column(batch, name, source=source, row_offset=row_offset)
-        for name in spec.sparse
-    }
     plain = spec.plain_sparse
+
+    def stacked(names: list[str]) -> JaggedColumn:
+        return read_stacked_columns(batch, names, source=source, row_offset=row_offset)
+
     return SparseFeatures(
         batch_size=b,
-        kjt=_plain_kjt(columns, plain, b) if plain else None,
+        kjt=_plain_kjt(stacked(plain), plain, b) if plain else None,
         ikjts=[
-            build_ikjt([columns[n] for n in group], group, batch_size=b)
+            ikjt_from_stacked(stacked(group), group, batch_size=b)
             for group in spec.dedup_sparse_features
         ],
     )

@@ -44,6 +44,7 @@ _INT64_MAX = np.iinfo(np.int64).max
 RecordBatchLike: TypeAlias = pa.RecordBatch | pa.Table
 
 _INT32_MAX = np.iinfo(np.int32).max
+_SPARSE_TYPE = pa.list_(pa.int64())
 RUN_CHECK_MAX_IDS_PER_ROW = 8
 """Step 1 (runs of equal adjacent rows) runs for groups averaging fewer ids per row and key:
 there a hash-table probe per row costs more than a compare; longer rows hash as fast as they
@@ -65,11 +66,24 @@ class JaggedColumn(NamedTuple):
 
 
 # ---------------------------------------------------------------------- Arrow -> numpy
-def _column(batch: RecordBatchLike, name: str, *, source: str, expected: str) -> pa.Array:
+def _lookup(
+    batch: RecordBatchLike, name: str, *, source: str, expected: str
+) -> pa.Array | pa.ChunkedArray:
     idx = batch.schema.get_field_index(name)
     if idx < 0:
         raise SchemaError(f"{source}: missing column {name!r} (expected {expected})")
-    col = batch.column(idx)
+    return batch.column(idx)
+
+
+def _chunks(batch: RecordBatchLike, name: str, *, source: str, expected: str) -> list[pa.Array]:
+    """The chunks of a column of a table (a record batch's column is one chunk)."""
+    col = _lookup(batch, name, source=source, expected=expected)
+    return col.chunks if isinstance(col, pa.ChunkedArray) else [col]
+
+
+def _column(batch: RecordBatchLike, name: str, *, source: str, expected: str) -> pa.Array:
+    """A column as one array (a table's chunks combined)."""
+    col = _lookup(batch, name, source=source, expected=expected)
     if isinstance(col, pa.ChunkedArray):
         if col.num_chunks == 1:
             return col.chunk(0)
@@ -132,14 +146,35 @@ def read_list_column(
     return JaggedColumn(offsets=offsets, values=values)
 
 
+def read_stacked_columns(
+    batch: RecordBatchLike, names: Sequence[str], *, source: str, row_offset: int = 0
+) -> JaggedColumn:
+    """Several ``list<int64>`` columns of a batch stacked key-major (like ``stack_columns`` of
+    their ``read_list_column``), in one Arrow ``concat_arrays`` call.
+
+    The common case (every column ``list<int64>``, no null, ids fitting int32 offsets) is
+    checked once on the concatenated array: a single C++ call instead of a dozen numpy
+    operations per column. Anything else (another type, a null, an overflow) takes the
+    per-column path, which converts what can be converted and raises what
+    ``read_list_column`` raises, naming the column and row.
+    """
+    arrays = [_chunks(batch, name, source=source, expected="list<int64>") for name in names]
+    chunks = [chunk for column in arrays for chunk in column]
+    if len(chunks) > 1 and all(c.type.equals(_SPARSE_TYPE) for c in chunks):
+        try:
+            stacked = pa.concat_arrays(chunks)
+        except pa.ArrowInvalid:  # more ids than int32 list offsets can address
+            stacked = None
+        if stacked is not None and stacked.null_count == 0 and stacked.values.null_count == 0:
+            offsets = stacked.offsets.to_numpy().astype(np.int64)
+            values = stacked.values.to_numpy(zero_copy_only=True)
+            return JaggedColumn(offsets=offsets, values=values)
+    return stack_columns(
+        [read_list_column(batch, n, source=source, row_offset=row_offset) for n in names]
+    )
+
+
 # ---------------------------------------------------------------------- dedup kernel
-def _segment_positions(lengths: np.ndarray) -> np.ndarray:
-    """For segments of the given lengths laid end to end: each element's index in its segment."""
-    total = int(lengths.sum())
-    starts = np.cumsum(lengths) - lengths
-    return np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
-
-
 def stack_columns(columns: Sequence[JaggedColumn]) -> JaggedColumn:
     """The rows of K columns of B rows laid end to end, key-major like a KJT: K * B rows.
 
@@ -186,13 +221,50 @@ def as_binary(column: JaggedColumn) -> pa.Array:
 def _codes(rows: pa.Array, *, num_keys: int) -> np.ndarray:
     """(len(rows) / K,) int64 codes of stacked rows (K keys, key-major): equal iff the rows
     match in every key; numbered in order of first occurrence."""
-    codes = pc.dictionary_encode(rows).indices.to_numpy(zero_copy_only=False)
+    codes = _first_occurrence_codes(rows)
     if num_keys == 1:
-        return codes.astype(np.int64)
+        return codes
     n = codes.size // num_keys
-    tuples = np.ascontiguousarray(codes.reshape(num_keys, n).T, dtype=np.int32)
-    row_tuples = pa.Array.from_buffers(pa.binary(4 * num_keys), n, [None, pa.py_buffer(tuples)])
-    return pc.dictionary_encode(row_tuples).indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    return _pair_codes(codes.reshape(num_keys, n).T)
+
+
+def _first_occurrence_codes(values: pa.Array) -> np.ndarray:
+    """int64 code of each value: equal iff the values are equal (bytes compared), numbered in
+    order of first occurrence (Arrow's ``dictionary_encode``)."""
+    indices = pc.dictionary_encode(values).indices
+    return indices.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _pair_codes(columns: np.ndarray) -> np.ndarray:
+    """Codes of the rows of an (N, C) matrix of codes: equal iff every column matches."""
+    n, c = columns.shape
+    tuples = np.ascontiguousarray(columns, dtype=np.int32)
+    return _first_occurrence_codes(
+        pa.Array.from_buffers(pa.binary(4 * c), n, [None, pa.py_buffer(tuples)])
+    )
+
+
+def _record_codes(stacked: JaggedColumn, heads: np.ndarray, *, num_keys: int, batch_size: int):
+    """Codes of the given batch rows over all K keys of a stacked group, from one record per
+    row: its K lengths, and its ids of every key laid end to end.
+
+    Two rows match in every key iff both their length vectors and their id records are equal.
+    Two hash passes over N records replace K passes over N short values (and the pairing of
+    K codes): for short rows (a few ids per key) hashing costs per value, not per byte.
+    """
+    m = heads.size
+    slots = (heads[:, None] + np.arange(num_keys, dtype=np.int64)[None, :] * batch_size).reshape(-1)
+    lengths = stacked.offsets[slots + 1] - stacked.offsets[slots]
+    ids = gather_rows(stacked, slots)
+    per_row = lengths.reshape(m, num_keys).sum(axis=1)
+    ends = np.zeros(m + 1, dtype=np.int64)
+    np.cumsum(per_row, out=ends[1:])
+    records = as_binary(JaggedColumn(offsets=ends, values=ids))
+    shapes = pa.Array.from_buffers(
+        pa.binary(8 * num_keys), m, [None, pa.py_buffer(np.ascontiguousarray(lengths))]
+    )
+    both = np.stack([_first_occurrence_codes(records), _first_occurrence_codes(shapes)], axis=1)
+    return _pair_codes(both)
 
 
 def find_distinct_rows(
@@ -220,7 +292,8 @@ def find_distinct_stacked(
     rows = as_binary(stacked)
     repeats = np.zeros(batch_size, dtype=bool)
     ids = int(stacked.offsets[-1]) - int(stacked.offsets[0])
-    if ids < RUN_CHECK_MAX_IDS_PER_ROW * num_keys * batch_size:
+    short_rows = ids < RUN_CHECK_MAX_IDS_PER_ROW * num_keys * batch_size
+    if short_rows:
         # Row (k, i) is compared with the row before it, (k, i - 1); for i = 0 that is another
         # key's last row, and row 0 is never a repeat anyway.
         same = np.zeros(num_keys * batch_size, dtype=bool)
@@ -230,10 +303,13 @@ def find_distinct_stacked(
         repeats = np.logical_and.reduce(same.reshape(num_keys, batch_size), axis=0)
         repeats[0] = False
     heads = np.flatnonzero(~repeats)
-    if heads.size < batch_size:
-        slots = group_slots(heads, num_keys=num_keys, batch_size=batch_size)
-        rows = rows.take(pa.array(slots))
-    head_codes = _codes(rows, num_keys=num_keys)
+    if short_rows and num_keys > 1:
+        head_codes = _record_codes(stacked, heads, num_keys=num_keys, batch_size=batch_size)
+    else:
+        if heads.size < batch_size:
+            slots = group_slots(heads, num_keys=num_keys, batch_size=batch_size)
+            rows = rows.take(pa.array(slots))
+        head_codes = _codes(rows, num_keys=num_keys)
     # Codes are numbered in order of first occurrence: a head holds a new content iff its
     # code exceeds every earlier head's.
     seen = np.maximum.accumulate(head_codes)
@@ -249,6 +325,11 @@ def gather_rows(
 ) -> np.ndarray:
     """Ids of ``rows`` of a column, concatenated: (sum of their lengths,) int64 (into ``out``)."""
     offsets, values = column
-    lengths = offsets[rows + 1] - offsets[rows]
-    index = np.repeat(offsets[rows], lengths) + _segment_positions(lengths)
+    starts = offsets[rows]
+    lengths = offsets[rows + 1] - starts
+    # Output position p of row r (starting at out_start[r]) reads input position
+    # p + starts[r] - out_start[r]: one repeat of that shift per row, plus arange.
+    out_start = np.cumsum(lengths) - lengths
+    index = np.repeat(starts - out_start, lengths)
+    index += np.arange(index.size, dtype=index.dtype)
     return np.take(values, index, out=out)

@@ -221,6 +221,50 @@ def test_sliced_batches_chunked_tables_and_narrow_ids() -> None:
     assert convert_sparse(unsigned, spec, source="u").ikjts[0].values().tolist() == [2**63 - 1]
 
 
+def test_stacked_group_read_equals_the_per_column_read(monkeypatch) -> None:
+    full = pa.record_batch(
+        {
+            "g": pa.array([[9], [1, 2], [], [1, 2], [4]], IDS),
+            "h": pa.array([[0], [5], [6, 7], [5], [8]], IDS),
+            "n": pa.array([[1], [2], [3], [4], [5]], pa.list_(pa.int32())),
+        }
+    )
+    chunked = pa.Table.from_batches([full.slice(0, 2), full.slice(2, 1), full.slice(3)])
+    for batch in (full, full.slice(1, 3), full.slice(2), chunked, chunked.slice(1, 3)):
+        for names in (["g", "h"], ["h", "g", "n"]):
+            expected = jagged.stack_columns([read_list_column(batch, n, source="s") for n in names])
+            got = jagged.read_stacked_columns(batch, names, source="s")
+            assert got.offsets.dtype == np.int64 and got.offsets[0] == 0
+            assert got.offsets.tolist() == expected.offsets.tolist()
+            end = int(got.offsets[-1])
+            assert got.values[:end].tolist() == expected.values[:end].tolist()
+
+    # More ids than int32 offsets address: Arrow refuses to concatenate, the per-column path
+    # (int64 offsets) takes over.
+    def overflow(arrays):
+        raise pa.ArrowInvalid("offset overflow while concatenating arrays")
+
+    monkeypatch.setattr(jagged.pa, "concat_arrays", overflow)
+    got = jagged.read_stacked_columns(full, ["g", "h"], source="s")
+    assert got.offsets.tolist() == [0, 1, 3, 3, 5, 6, 7, 8, 10, 11, 12]
+
+
+def test_bad_data_in_a_group_names_its_column_and_row() -> None:
+    batch = pa.record_batch(
+        {
+            "label": pa.array([0.0] * 3, pa.float32()),
+            "g": pa.array([[1], [2], [3]], IDS),
+            "h": pa.array([[1], None, [3]], IDS),
+        }
+    )
+    spec = FeatureSpec(sparse=["g", "h"], dedup_sparse_features=[["g", "h"]])
+    with pytest.raises(SchemaError, match=r"p\.parquet: column 'h': row 11: null list"):
+        convert_batch(batch, spec, source="p.parquet", row_offset=10)
+    spec = FeatureSpec(sparse=["g", "h"])  # both plain: one stacked read too
+    with pytest.raises(SchemaError, match=r"column 'h': row 11: null list"):
+        convert_batch(batch, spec, source="p.parquet", row_offset=10)
+
+
 def narrow_ids_ok(features) -> bool:
     ikjt = features.ikjts[0]
     return ikjt.values().dtype == torch.int64 and ikjt.values().tolist() == [1, 2]
