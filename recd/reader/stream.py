@@ -29,8 +29,10 @@ SPARSE_TYPE = pa.list_(pa.int64())
 class RowBatch:
     """One batch of rows in Arrow form, before conversion to tensors."""
 
-    rows: pa.RecordBatch
-    """The projected columns with canonical types (float32 labels/dense, list<int64> sparse)."""
+    rows: pa.Table
+    """The projected columns with canonical types (float32 labels/dense, list<int64> sparse):
+    zero-copy slices of the row groups the batch spans, one chunk per row group (conversion
+    to tensors copies every column once anyway, so the chunks are never combined here)."""
     fill_s: float
     """Seconds spent reading, decompressing, decoding and checking the rows of this batch."""
     read_bytes: int
@@ -178,10 +180,6 @@ def iter_worker_batches(
         yield RowBatch(rows=rows, fill_s=fill_s + time.perf_counter() - t0, read_bytes=read_bytes)
 
 
-def _concat(parts: list[pa.Table]) -> pa.RecordBatch:
-    """One contiguous record batch from table slices (zero-copy when there is one chunk)."""
-    table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-    batches = table.to_batches()
-    if len(batches) == 1:
-        return batches[0]
-    return table.combine_chunks().to_batches()[0]
+def _concat(parts: list[pa.Table]) -> pa.Table:
+    """One table of the given row-group slices, zero-copy (their chunks side by side)."""
+    return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
