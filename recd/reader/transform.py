@@ -99,7 +99,10 @@ def build_preprocessing(
             sparse_stages.append(TruncateLast({f: int(spec["n"]) for f in features}))
         else:
             columns = [dense.index(f) for f in features]
-            dense_stages.append(DenseColumns(_dense_module(kind, spec, len(features)), columns))
+            module = _dense_module(kind, spec, len(features))
+            # Every column in order (the usual "log1p all dense features"): no column gather.
+            whole = columns == list(range(len(dense)))
+            dense_stages.append(module if whole else DenseColumns(module, columns))
     sparse_module = _script(SparseChain(sparse_stages)) if sparse_stages else None
     dense_module = _script(nn.Sequential(*dense_stages)) if dense_stages else None
     return sparse_module, dense_module

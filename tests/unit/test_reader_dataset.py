@@ -103,6 +103,17 @@ def test_preprocessing_runs_on_listed_features_only(table: Path) -> None:
         assert torch.equal(d.sparse.ikjts[0].inverse_lookup(), r.sparse.ikjts[0].inverse_lookup())
 
 
+def test_dense_preprocessing_of_every_column_in_any_order(table: Path) -> None:
+    """All dense columns in table order run the module on the whole tensor; another order
+    gathers the columns: same result."""
+    raw = list(iter_batches(ReaderConfig(table=str(table), batch_size=8)))
+    for features in (["price", "age"], ["age", "price"]):
+        prep: list[dict[str, Any]] = [{"kind": "log1p", "features": features}]
+        cfg = ReaderConfig(table=str(table), batch_size=8, preprocessing=prep)
+        for r, d in zip(raw, iter_batches(cfg), strict=True):
+            assert torch.equal(d.dense, torch.log1p(r.dense.clamp_min(0)))
+
+
 def test_transform_pickles_its_compiled_modules(table: Path) -> None:
     """Spawned workers get the TorchScript modules as archives; results are identical."""
     prep: list[dict[str, Any]] = [
