@@ -104,6 +104,7 @@ class _Watch:
         self.metrics: list[tuple[float, dict[str, Any]]] = []
         self.workers: dict[int, tuple[float, int | None]] = {}
         """pid -> (first seen, rank)."""
+        self._offset = 0
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._read_output, daemon=True),
@@ -117,19 +118,23 @@ class _Watch:
         for line in self.proc.stdout:
             self.lines.append((time.time(), line.rstrip("\n")))
 
+    def _read_metrics(self, now: float) -> None:
+        """Append the complete metrics lines written since the last read."""
+        if not self.metrics_path.exists():
+            return
+        with self.metrics_path.open() as f:
+            f.seek(self._offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind("\n") + 1]
+        self._offset += len(complete.encode())
+        for line in complete.splitlines():
+            if line.strip():
+                self.metrics.append((now, json.loads(line)))
+
     def _poll(self) -> None:
-        offset = 0
         while not self._stop.is_set():
             now = time.time()
-            if self.metrics_path.exists():
-                with self.metrics_path.open() as f:
-                    f.seek(offset)
-                    chunk = f.read()
-                complete = chunk[: chunk.rfind("\n") + 1]
-                offset += len(complete.encode())
-                for line in complete.splitlines():
-                    if line.strip():
-                        self.metrics.append((now, json.loads(line)))
+            self._read_metrics(now)
             try:
                 children = psutil.Process(self.proc.pid).children(recursive=True)
             except psutil.NoSuchProcess:
@@ -152,6 +157,8 @@ class _Watch:
         self._stop.set()
         for t in self._threads:
             t.join(timeout=5)
+        # Lines written after the last poll (the final steps of a short replay) count too.
+        self._read_metrics(time.time())
 
 
 def run_elastic(

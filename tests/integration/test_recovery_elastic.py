@@ -46,7 +46,7 @@ def test_killed_worker_group_restarts_from_the_newest_checkpoint(
     assert report.returncode == 0, [line for _, line in report.lines][-30:]
     assert report.restarts == 1
     timeline = report.timeline
-    assert timeline is not None
+    assert timeline is not None, [line for _, line in report.lines][-30:]
     # the newest valid checkpoint at the kill (cadence 5): the worker may run a few more steps
     # between the observed step 7 and the SIGKILL landing on a loaded machine
     assert timeline.resumed_at_step % 5 == 0 and timeline.resumed_at_step >= 5
