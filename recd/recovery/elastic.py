@@ -140,13 +140,16 @@ class _Watch:
             except psutil.NoSuchProcess:
                 children = []
             for child in children:
-                if child.pid not in self.workers:
-                    try:
-                        env = child.environ()
-                    except (psutil.Error, OSError):
-                        continue
-                    rank = int(env["RANK"]) if "RANK" in env else None
-                    self.workers[child.pid] = (now, rank)
+                seen, rank = self.workers.get(child.pid, (now, None))
+                if rank is not None:
+                    continue
+                # A child caught between fork and exec still shows torchrun's environment
+                # (no RANK): keep asking until its own environment appears.
+                try:
+                    env = child.environ()
+                except (psutil.Error, OSError):
+                    env = {}
+                self.workers[child.pid] = (seen, int(env["RANK"]) if "RANK" in env else None)
             time.sleep(0.01)
 
     def last_step(self) -> int:

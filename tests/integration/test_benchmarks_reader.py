@@ -50,6 +50,10 @@ def test_quick_run_writes_sane_results_and_reuses_its_tables(tmp_path: Path) -> 
         r["samples_per_cpu_s"]["clustered_ikjt_large"] / r["samples_per_cpu_s"]["unclustered_kjt"]
     )
     assert r["wire_bytes_ratio_large"] > 1.0
+    # --window full (default): leading partitions with a full row group each, never none.
+    window = r["window"]
+    assert window["min_partition_rows"] == 8192 and window["partitions"] >= 1
+    assert window["files_clustered"] == window["files_unclustered"] >= 1
     # The clustered table's sessions dedup: an IKJT batch is smaller on the wire.
     assert r["wire_bytes_ratio"] > 1.0 and r["wire_bytes_ratio_tensor"] > 1.0
     assert r["wire"]["clustered_kjt"]["batches"] >= 1
