@@ -44,7 +44,8 @@ _INT64_MAX = np.iinfo(np.int64).max
 RecordBatchLike: TypeAlias = pa.RecordBatch | pa.Table
 
 _INT32_MAX = np.iinfo(np.int32).max
-_SPARSE_TYPE = pa.list_(pa.int64())
+SPARSE_TYPE = pa.list_(pa.int64())
+"""The canonical Arrow type of a sparse feature column."""
 RUN_CHECK_MAX_IDS_PER_ROW = 8
 """Step 1 (runs of equal adjacent rows) runs for groups averaging fewer ids per row and key:
 there a hash-table probe per row costs more than a compare; longer rows hash as fast as they
@@ -160,7 +161,7 @@ def read_stacked_columns(
     """
     arrays = [_chunks(batch, name, source=source, expected="list<int64>") for name in names]
     chunks = [chunk for column in arrays for chunk in column]
-    if len(chunks) > 1 and all(c.type.equals(_SPARSE_TYPE) for c in chunks):
+    if len(chunks) > 1 and all(c.type.equals(SPARSE_TYPE) for c in chunks):
         try:
             stacked = pa.concat_arrays(chunks)
         except pa.ArrowInvalid:  # more ids than int32 list offsets can address
@@ -244,7 +245,9 @@ def _pair_codes(columns: np.ndarray) -> np.ndarray:
     )
 
 
-def _record_codes(stacked: JaggedColumn, heads: np.ndarray, *, num_keys: int, batch_size: int):
+def _record_codes(
+    stacked: JaggedColumn, heads: np.ndarray, *, num_keys: int, batch_size: int
+) -> np.ndarray:
     """Codes of the given batch rows over all K keys of a stacked group, from one record per
     row: its K lengths, and its ids of every key laid end to end.
 

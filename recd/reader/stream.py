@@ -17,12 +17,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from recd.errors import BadRowError, SchemaError
+from recd.jagged import SPARSE_TYPE
 from recd.reader.config import Shuffle
 from recd.reader.plan import ReadPlan, WorkUnit, locate, session_order
 from recd.schema import SESSION_ID
 
 INT64_MAX = np.iinfo(np.int64).max
-SPARSE_TYPE = pa.list_(pa.int64())
 
 
 @dataclass(slots=True)
