@@ -34,7 +34,8 @@ up are updated; m and v per element; bias correction with the global step):
   shard's local row space under row-wise sharding, as fbgemm's bucketisation leaves them).
   Under ``data_parallel`` each rank sees only its own ids, so the ids are all-gathered.
   Sequence tables (``EmbeddingCollection``) stay unsharded on CPU, replicated under DDP with
-  sparse gradients (DDP all-reduces them; their indices are the global batch's rows) and
+  sparse gradients (averaged on the training thread by :mod:`recd.train.data_parallel`'s comm
+  hook, not by gloo's asynchronous sparse all-reduce; their indices are the global batch's rows) and
   updated by :class:`recd.optim.LazyAdam`: torchrec's dense kernel sum-pools an
   ``EmbeddingCollection`` on CPU instead of returning per-position embeddings (issue 4).
 
@@ -115,6 +116,7 @@ from recd.checkpoint.format import ParamLayout
 from recd.errors import ConfigError
 from recd.optim.lazy_adam import lazy_adam_update_rows
 from recd.optim.model_adam import AdamConfig, FlatState, ModelAdam
+from recd.train.data_parallel import SyncSparseDataParallel
 
 if TYPE_CHECKING:
     from recd.recovery.undo import StepCapture, UndoRecord
@@ -471,7 +473,12 @@ def shard_model(
     }
     with _quiet_torchrec():
         dmp = DistributedModelParallel(
-            model, env=env, device=device, plan=sharding_plan, sharders=_sharders(device, adam)
+            model,
+            env=env,
+            device=device,
+            plan=sharding_plan,
+            sharders=_sharders(device, adam),
+            data_parallel_wrapper=SyncSparseDataParallel(),
         )
     if initial:
         with torch.no_grad():
