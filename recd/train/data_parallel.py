@@ -22,6 +22,7 @@ all-reduce (a coalesce) on one worker thread and a dense bucket's allreduce on t
   only) and summed. No sparse tensor is touched by another thread.
 """
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -43,30 +44,33 @@ __all__ = ["SyncSparseDataParallel", "mean_allreduce_hook", "sparse_mean"]
 def sparse_mean(grad: torch.Tensor, group: Any = None) -> torch.Tensor:
     """The mean over the ranks of ``group`` of one sparse COO gradient (every rank calls it).
 
-    Each rank divides its coalesced values by the world size (as DDP does before summing),
-    the ranks all-gather the row counts, then the padded indices and values, and the rows are
-    summed by one ``coalesce`` in rank order. Returns a coalesced sparse tensor of
+    Each rank divides its coalesced values by the world size (as DDP does before summing).
+    Two blocking all-gathers follow: the row counts, then one payload per rank holding the
+    values and, bit-cast to the values' dtype, the indices (padded to the longest rank). The
+    rows are summed by one ``coalesce`` in rank order. Returns a coalesced sparse tensor of
     ``grad``'s shape, dtype and device.
     """
     world = dist.get_world_size(group)
     local = grad.coalesce()
-    indices = local.indices()  # (sparse_dim, nnz)
+    indices = local.indices()  # (sparse_dim, nnz) int64
     values = local.values() / world  # (nnz, *dense_dims)
-    nnz = torch.tensor([indices.shape[1]], dtype=torch.int64, device=grad.device)
-    counts = [torch.zeros_like(nnz) for _ in range(world)]
-    dist.all_gather(counts, nnz, group=group)
+    nnz = indices.shape[1]
+    count = torch.tensor([nnz], dtype=torch.int64, device=grad.device)
+    counts = [torch.zeros_like(count) for _ in range(world)]
+    dist.all_gather(counts, count, group=group)
     sizes = [int(c.item()) for c in counts]
-    longest = max(sizes)
-    pad = longest - indices.shape[1]
-    padded_indices = torch.nn.functional.pad(indices, (0, pad))
-    padded_values = torch.cat([values, values.new_zeros((pad, *values.shape[1:]))])
-    all_indices = [torch.empty_like(padded_indices) for _ in range(world)]
-    all_values = [torch.empty_like(padded_values) for _ in range(world)]
-    dist.all_gather(all_indices, padded_indices, group=group)
-    dist.all_gather(all_values, padded_values, group=group)
+    width = math.prod(values.shape[1:])
+    # int64 indices travel as raw bits in the values' dtype (an exact copy, no conversion).
+    index_width = indices.shape[0] * indices.element_size() // values.element_size()
+    index_bits = indices.t().reshape(-1).view(values.dtype).reshape(nnz, index_width)
+    payload = torch.cat([values.reshape(nnz, width), index_bits], dim=1)
+    payload = torch.nn.functional.pad(payload, (0, 0, 0, max(sizes) - nnz))
+    gathered = [torch.empty_like(payload) for _ in range(world)]
+    dist.all_gather(gathered, payload, group=group)
+    rows = torch.cat([part[:n] for part, n in zip(gathered, sizes, strict=True)])
     summed = torch.sparse_coo_tensor(
-        torch.cat([idx[:, :n] for idx, n in zip(all_indices, sizes, strict=True)], dim=1),
-        torch.cat([val[:n] for val, n in zip(all_values, sizes, strict=True)]),
+        rows[:, width:].contiguous().view(torch.int64).t(),
+        rows[:, :width].reshape(-1, *values.shape[1:]),
         grad.shape,
         dtype=grad.dtype,
         device=grad.device,
