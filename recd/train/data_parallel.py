@@ -10,7 +10,8 @@ pooled all-to-alls, DDP's dense buckets on gloo's other worker thread).
 With torch 2.13 on CPU that route corrupts the heap: 2-process runs abort with ``malloc():
 unaligned tcache chunk detected`` or crash inside gloo's allreduce, each time with gloo's sparse
 all-reduce (a coalesce) on one worker thread and a dense bucket's allreduce on the other
-(measured: 5 of 8 runs of 300 steps crashed, and 0 of 8 without sequence tables).
+(measured on 2 ranks, ~100 steps of the test job each: 9 of 16 runs crashed, 0 of 7 without
+sequence tables, i.e. without sparse gradients; 0 of 30 with this module's hook).
 
 :class:`SyncSparseDataParallel` keeps torchrec's DDP wrapper and registers a comm hook
 (:func:`mean_allreduce_hook`):
