@@ -76,6 +76,7 @@ def sparse_mean(grad: torch.Tensor, group: Any = None) -> torch.Tensor:
         grad.shape,
         dtype=grad.dtype,
         device=grad.device,
+        check_invariants=True,  # rows from other ranks: an index out of range raises here
     )
     return summed.coalesce()
 

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from recd.train.data_parallel import mean_allreduce_hook, sparse_mean
-from tests.distributed.spawn import run_workers
+from tests.distributed.spawn import WorkerFailed, run_workers
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 
@@ -85,3 +85,16 @@ def test_ddp_with_the_hook_matches_plain_ddp() -> None:
         for name in ("table.weight", "linear.weight", "linear.bias"):
             torch.testing.assert_close(grads[f"hook:{name}"], grads[f"ddp:{name}"])
         assert grads["hook:table.weight"].abs().sum() > 0
+
+
+def _mismatched_worker(rank: int, world: int) -> bool:
+    rows = ROWS + 5 * rank  # rank 1's table is larger: its last rows do not exist on rank 0
+    ids = torch.tensor([rows - 1])
+    grad = torch.sparse_coo_tensor(ids.unsqueeze(0), torch.ones(1, DIM), (rows, DIM))
+    sparse_mean(grad)
+    return True
+
+
+def test_a_peer_row_outside_the_table_raises_instead_of_corrupting_memory() -> None:
+    with pytest.raises(WorkerFailed, match=rf"size is {ROWS} but found index {ROWS + 4}"):
+        run_workers(_mismatched_worker, world_size=2, timeout_s=90)

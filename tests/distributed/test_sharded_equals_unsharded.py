@@ -241,7 +241,16 @@ def sharded_worker(
         opt.step()
         resumed = opt.gather_flat()
         opt.close()
+        ddp = dmp._dmp_wrapped_module
         out[sc.id] = {
+            "sparse_grads_under_ddp": [
+                name
+                for name, p in ddp.named_parameters()
+                if p.grad is not None and p.grad.is_sparse
+            ]
+            if isinstance(ddp, torch.nn.parallel.DistributedDataParallel)
+            else [],
+            "comm_hooks": [hook.__name__ for hook, _ in getattr(ddp, "_comm_hooks", [])],
             "logits": logits,
             "losses": losses,
             "trained": trained,
@@ -410,6 +419,22 @@ def test_predictions_and_loss_equal(sc: Scenario, sharded: dict[str, list[dict[s
     # Step 0 runs identical weights: batch-invariant kernels give the same bits.
     first = torch.cat([sharded[sc.id][r]["logits"][0] for r in range(sc.world)])
     assert torch.equal(first, ref["logits"][0])
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("sc", SCENARIOS, ids=lambda s: s.id)
+def test_sparse_gradients_are_averaged_by_the_training_thread_hook(
+    sc: Scenario, sharded: dict[str, list[dict[str, Any]]]
+) -> None:
+    """DDP's sparse gradients (rm1's unsharded sequence tables on CPU) go through
+    recd.train.data_parallel's comm hook, never through gloo's asynchronous sparse all-reduce
+    (which corrupted the heap, see that module)."""
+    for r in range(sc.world):
+        got = sharded[sc.id][r]
+        if sc.model == "rm1":
+            assert got["sparse_grads_under_ddp"], "rm1's sequence tables should be under DDP"
+        if got["sparse_grads_under_ddp"]:
+            assert got["comm_hooks"] == ["mean_allreduce_hook"]
 
 
 @pytest.mark.distributed
