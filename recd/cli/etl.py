@@ -55,7 +55,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--dictionary", choices=DICTIONARY_MODES, default="auto", help="dictionary encoding"
     )
     parser.add_argument(
-        "--on-bad-rows", choices=ON_BAD_ROWS, default="fail", help="fail, or quarantine and count"
+        "--on-bad-rows",
+        choices=ON_BAD_ROWS,
+        default="fail",
+        help="a row with a null key, bad ts, null feature or null id: fail (naming file, block, "
+        "row, field), or quarantine it under TABLE/_quarantine/ and count it",
     )
     parser.add_argument(
         "--engine", choices=ENGINES, default="local", help="local (embedded) or spark"

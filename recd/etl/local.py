@@ -112,7 +112,7 @@ from recd.etl.validate import (
 from recd.logs.hashing import splitmix64
 from recd.logs.rawlog import MANIFEST_FILE, SHARD_GLOB, read_catalogue
 from recd.progress import progress_bar
-from recd.schema import REQUEST_ID, SESSION_ID, TS, Catalogue
+from recd.schema import REQUEST_ID, SESSION_ID, TS, Catalogue, as_table_schema, strict_schema
 
 log = logging.getLogger(__name__)
 
@@ -440,6 +440,7 @@ class PartitionWriter:
     ) -> None:
         self.directory = directory
         self.schema = schema  # the catalogue's, metadata included
+        self.file_schema = strict_schema(schema)  # no nulls reach a table (recd.etl.validate)
         self.writer_options = writer_options
         self.row_group_rows = row_group_rows
         self.target_file_bytes = target_file_bytes
@@ -549,7 +550,7 @@ class PartitionWriter:
             self._open()
         assert self._writer is not None
         self._writer.write_table(
-            rows.replace_schema_metadata(self.schema.metadata), row_group_size=self.row_group_rows
+            as_table_schema(rows, self.file_schema), row_group_size=self.row_group_rows
         )
         if self.split_at_sessions:
             self._last_session = int(rows.column(SESSION_ID)[-1].as_py())
@@ -558,7 +559,7 @@ class PartitionWriter:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._sink = pa.OSFile(str(self.directory / part_file_name(self.files)), mode="w")
         self.files += 1
-        self._writer = pq.ParquetWriter(self._sink, self.schema, **self.writer_options)
+        self._writer = pq.ParquetWriter(self._sink, self.file_schema, **self.writer_options)
 
     def _close_file(self) -> None:
         """Close the open file (footer written); the buffer is left as it is."""

@@ -547,7 +547,7 @@ class HourFileWriter:
         self.partition = partition
         self.name = name
         self.rows = 0
-        self.schema = schema  # the catalogue's, metadata included
+        self.schema = schema  # the table schema (Catalogue.table_schema), metadata included
         self.row_group_rows = job.row_group_rows
         directory = partition.path(Path(job.staging))
         directory.mkdir(parents=True, exist_ok=True)
@@ -601,7 +601,7 @@ def write_sorted_rows(
 
     File names: ``part-NNNNN.parquet``, NNNNN the task's partition (clustered and baseline).
     """
-    schema = job.catalogue().arrow_schema()
+    schema = job.catalogue().table_schema()  # no nulls reach a table (recd.etl.validate)
     files: list[tuple[str, str, int]] = []
     current: HourFileWriter | None = None
     done_hours: set[int] = set()

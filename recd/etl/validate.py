@@ -6,7 +6,10 @@ What counts as bad input, and where the error points:
 * a block whose schema does not match the catalogue (missing, extra or mistyped column):
   ``FILE: block B: column C ...`` (SchemaError);
 * a row with a null ``session_id``, ``request_id`` or ``ts``, or a ``ts`` outside
-  [1970, 2100): ``FILE: block B: row R: field F: ... (request_id X)`` (BadRowError).
+  [1970, 2100): ``FILE: block B: row R: field F: ... (request_id X)`` (BadRowError);
+* a row with a null label or dense value, a null sparse list, or a null id inside a sparse
+  list (an empty list is fine): same message. Such rows would otherwise reach the table and
+  stop every reader that meets them, hours into a training job.
 
 With ``on_bad_rows="fail"`` the first one raises. With ``"quarantine"`` they go to
 ``TABLE/_quarantine/<run>/`` (``rows.parquet``: bad rows with ``_file``, ``_block``, ``_row``,
@@ -39,6 +42,11 @@ FRAME_HEADER_BYTES = 8  # little-endian uint64 length prefix (recd.logs.rawlog.w
 ZSTD_MAX_FRAME_HEADER_BYTES = 18
 # Reason codes of a bad row, checked in this order (a row gets the first that applies).
 OK, NULL_SESSION, NULL_REQUEST, NULL_TS, TS_TOO_SMALL, TS_TOO_LARGE = range(6)
+TS_CODES = (NULL_TS, TS_TOO_SMALL, TS_TOO_LARGE)
+# Then, per feature column j of the batch (labels, dense, sparse in schema order):
+# NULL_FEATURE + 2 * j (a null value or null list), NULL_FEATURE + 2 * j + 1 (a null id inside
+# a sparse list).
+NULL_FEATURE = 8
 REASON_FIELD = {
     NULL_SESSION: SESSION_ID,
     NULL_REQUEST: REQUEST_ID,
@@ -172,7 +180,8 @@ def check_block_schema(schema: pa.Schema, expected: pa.Schema, *, where: str) ->
 
 
 def bad_row_codes(batch: pa.RecordBatch) -> np.ndarray:
-    """Reason code of every row (OK = 0): shape (N,) int8. Vectorised over the batch."""
+    """Reason code of every row (OK = 0): shape (N,) int32. Vectorised over the batch; a
+    feature column without nulls costs two null counts."""
     ts = batch.column(TS)
     ts_values = pc.fill_null(ts, 0).to_numpy(zero_copy_only=False)
     conditions = [
@@ -183,7 +192,33 @@ def bad_row_codes(batch: pa.RecordBatch) -> np.ndarray:
         ts_values >= TS_MAX_MS,
     ]
     codes = [NULL_SESSION, NULL_REQUEST, NULL_TS, TS_TOO_SMALL, TS_TOO_LARGE]
-    return np.select(conditions, codes, default=OK).astype(np.int8)
+    for j, name in enumerate(batch.schema.names):
+        if name in (SESSION_ID, REQUEST_ID, TS):
+            continue
+        column = batch.column(j)
+        if column.null_count:
+            conditions.append(column.is_null().to_numpy(zero_copy_only=False))
+            codes.append(NULL_FEATURE + 2 * j)
+        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+            ids = column.flatten()  # the ids of the non-null lists, in row order
+            if ids.null_count:
+                rows = pc.list_parent_indices(column).to_numpy(zero_copy_only=False)
+                has_null_id = np.zeros(len(column), dtype=bool)
+                has_null_id[rows[ids.is_null().to_numpy(zero_copy_only=False)]] = True
+                conditions.append(has_null_id)
+                codes.append(NULL_FEATURE + 2 * j + 1)
+    return np.select(conditions, codes, default=OK).astype(np.int32)
+
+
+def reason_of(code: int, names: list[str]) -> tuple[str, str]:
+    """(field, problem) of a reason code from :func:`bad_row_codes` (``names``: the batch's
+    column names)."""
+    if code < NULL_FEATURE:
+        return REASON_FIELD[code], REASON_TEXT[code]
+    name = names[(code - NULL_FEATURE) // 2]
+    if (code - NULL_FEATURE) % 2:
+        return name, f"{name} holds a null id (a list may be empty, its ids may not be null)"
+    return name, f"{name} is null"
 
 
 def bad_row_error(batch: pa.RecordBatch, codes: np.ndarray, *, where: str) -> BadRowError:
@@ -191,11 +226,11 @@ def bad_row_error(batch: pa.RecordBatch, codes: np.ndarray, *, where: str) -> Ba
     row = int(np.flatnonzero(codes)[0])
     code = int(codes[row])
     request_id = batch.column(REQUEST_ID)[row].as_py()
-    problem = REASON_TEXT[code]
+    field, problem = reason_of(code, batch.schema.names)
     if code in (TS_TOO_SMALL, TS_TOO_LARGE):
         problem += f": got {batch.column(TS)[row].as_py()}"
     problem += f" (request_id {request_id})" if request_id is not None else " (request_id unknown)"
-    return BadRowError(where, row, REASON_FIELD[code], problem)
+    return BadRowError(where, row, field, problem)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -242,9 +277,10 @@ class Quarantine:
         if row_numbers.size == 0:
             return 0
         bad = batch.take(pa.array(row_numbers))
-        bad_codes = codes[row_numbers]
-        fields = np.array([""] + [REASON_FIELD[c] for c in range(1, 6)], dtype=object)[bad_codes]
-        reasons = np.array([""] + [REASON_TEXT[c] for c in range(1, 6)], dtype=object)[bad_codes]
+        distinct, which = np.unique(codes[row_numbers], return_inverse=True)
+        explained = [reason_of(int(c), batch.schema.names) for c in distinct]
+        fields = np.array([f for f, _ in explained], dtype=object)[which]
+        reasons = np.array([r for _, r in explained], dtype=object)[which]
         n = len(row_numbers)
         meta = [
             pa.array([str(path)] * n, pa.string()),
@@ -348,7 +384,7 @@ class BlockValidator:
         codes = bad_row_codes(batch)
         # Rows with a valid ts outside the window belong to another run: never bad here.
         ts = pc.fill_null(batch.column(TS), 0).to_numpy(zero_copy_only=False)
-        ts_ok = (codes == OK) | (codes == NULL_SESSION) | (codes == NULL_REQUEST)
+        ts_ok = ~np.isin(codes, TS_CODES)
         outside = ts_ok & ~window_mask(ts, start_ms=self.start_ms, end_ms=self.end_ms)
         codes[outside] = OK
         bad = codes != OK

@@ -34,7 +34,13 @@ import pyarrow.parquet as pq
 from recd.errors import ConfigError, SchemaError
 from recd.etl.commit import committed_partition_dirs
 from recd.reader.config import SPARSE_PREPROCESS_KINDS, ReaderConfig, Shuffle
-from recd.schema import CATALOGUE_METADATA_KEY, SESSION_ID, Catalogue, catalogue_from_schema
+from recd.schema import (
+    CATALOGUE_METADATA_KEY,
+    SESSION_ID,
+    Catalogue,
+    catalogue_from_schema,
+    nullable_type,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,7 +318,7 @@ def _check_schemas(
             if idx < 0:
                 seen = f" (present in {origin[name]})" if name in origin else ""
                 raise SchemaError(f"{path}: missing column {name!r}{seen}")
-            typ = schema.field(idx).type
+            typ = nullable_type(schema.field(idx).type)  # ETL tables: no nullable item
             if name not in types:
                 _check_column_type(path, name, typ, sparse=name in sparse_set)
                 types[name] = typ

@@ -79,10 +79,20 @@ def normalise_table(table: pa.Table, unit: WorkUnit, plan: ReadPlan) -> pa.Table
     """
     sparse = set(plan.sparse)
     columns = []
-    changed = False
+    # Tables written by recd's ETL have no nullable field (Catalogue.table_schema): their
+    # columns hold no null and are viewed, zero-copy, as the canonical nullable types, so
+    # that row groups of older tables and newer ones concatenate.
+    changed = not all(f.nullable for f in table.schema)
     for name, col in zip(table.column_names, table.columns, strict=True):
         if name in sparse:
-            out = col if _is_clean_sparse(col) else _normalise_sparse(col, name, unit)
+            if col.type.equals(_STRICT_SPARSE_TYPE):
+                out = pa.chunked_array(
+                    [chunk.view(SPARSE_TYPE) for chunk in col.chunks], type=SPARSE_TYPE
+                )
+            elif _is_clean_sparse(col):
+                out = col
+            else:
+                out = _normalise_sparse(col, name, unit)
         else:
             _check_no_nulls(col, name, unit, what="null value")
             target = pa.int64() if name == SESSION_ID else pa.float32()
@@ -90,6 +100,10 @@ def normalise_table(table: pa.Table, unit: WorkUnit, plan: ReadPlan) -> pa.Table
         changed = changed or out is not col
         columns.append(out)
     return pa.table(columns, names=table.column_names) if changed else table
+
+
+_STRICT_SPARSE_TYPE = pa.list_(pa.field("item", pa.int64(), nullable=False))
+"""How a sparse column of a table written by recd's ETL reads back (no null list or id)."""
 
 
 def _is_clean_sparse(col: pa.ChunkedArray) -> bool:

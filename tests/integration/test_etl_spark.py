@@ -200,14 +200,16 @@ def test_clustered_table_matches_the_local_engine(
         assert meta.row_group(0).column(0).compression == "ZSTD"
         schema = pq.read_schema(path)
         check_schema(schema, tiny_catalogue, source=str(path))  # exact types: list<int64>...
-        assert schema.remove_metadata().equals(tiny_catalogue.arrow_schema().remove_metadata())
+        assert schema.remove_metadata().equals(tiny_catalogue.table_schema().remove_metadata())
         assert catalogue_from_schema(schema).to_json() == tiny_catalogue.to_json()
     for partition in list_committed_partitions(table):
         verify_partition(partition.path(table))
     dataset = ds.dataset(table, format="parquet", partitioning="hive")
     assert dataset.count_rows() == report.rows_out
     assert catalogue_from_schema(dataset.schema).to_json() == tiny_catalogue.to_json()
-    assert dataset.schema.field("user_history").type.equals(pa.list_(pa.int64()))
+    assert dataset.schema.field("user_history").type.equals(
+        pa.list_(pa.field("item", pa.int64(), nullable=False))
+    )
     assert not [p.name for p in table.iterdir() if p.name.startswith(("_tmp", "_trash"))]
 
 
@@ -271,7 +273,13 @@ def bad_shard_dir(tmp_path: Path, shards: Path, *, kinds: str) -> Path:
         sessions[6] = None
         bad = good.set_column(good.schema.get_field_index(TS), TS, pa.array(ts, pa.int64()))
         idx = bad.schema.get_field_index(SESSION_ID)
-        blocks.append(bad.set_column(idx, SESSION_ID, pa.array(sessions, pa.int64())))
+        bad = bad.set_column(idx, SESSION_ID, pa.array(sessions, pa.int64()))
+        history = good.column("user_history").to_pylist()
+        history[3] = [1, None]  # a null id: the table would stop every reader at this row
+        idx = bad.schema.get_field_index("user_history")
+        blocks.append(
+            bad.set_column(idx, "user_history", pa.array(history, bad.schema.field(idx).type))
+        )
     if "block" in kinds:
         blocks.append(good.append_column("surprise", pa.array(np.zeros(8, np.int64))))
     blocks.append(good)
@@ -325,7 +333,7 @@ def test_quarantine_counts_and_keeps_what_the_local_engine_does_despite_retries(
     counts += ["blocks_quarantined", "frames_quarantined", "rows_per_partition"]
     assert {k: getattr(report, k) for k in counts} == {k: getattr(local, k) for k in counts}
     assert (report.rows_quarantined, report.blocks_quarantined, report.frames_quarantined) == (
-        3 + 8,
+        4 + 8,
         1,
         1,
     )
@@ -340,7 +348,7 @@ def test_quarantine_counts_and_keeps_what_the_local_engine_does_despite_retries(
     summary = json.loads((ours / "_summary.json").read_text())
     assert summary == json.loads((theirs / "_summary.json").read_text())
     reasons = pq.read_table(ours / "rows.parquet").column("_field").to_pylist()
-    assert sorted(reasons) == [SESSION_ID, TS, TS]
+    assert sorted(reasons) == [SESSION_ID, TS, TS, "user_history"]
     table = tmp_path / "spark"
     for partition in list_committed_partitions(table):
         verify_partition(partition.path(table))  # no leftovers of the failed attempts

@@ -16,7 +16,7 @@ import zstandard
 
 from recd.logs.hashing import splitmix64
 from recd.logs.rawlog import encode_block, shard_path, write_catalogue, write_frame
-from recd.schema import REQUEST_ID, SESSION_ID, TS, Catalogue, SparseKind
+from recd.schema import REQUEST_ID, SESSION_ID, TS, Catalogue, SparseKind, nullable_type
 
 START_MS = 1_793_491_200_000  # 2026-11-01T00:00:00Z
 MS_PER_HOUR = 3_600_000
@@ -124,15 +124,20 @@ def read_committed(table_dir: Path) -> list[tuple[str, Path, pa.Table]]:
         directory = partition.path(table_dir)
         for f in read_success(directory).files:
             path = directory / f.name
-            out.append((partition.relpath, path, pq.read_table(path)))
+            out.append((partition.relpath, path, as_nullable(pq.read_table(path))))
     return out
 
 
+def as_nullable(table: pa.Table) -> pa.Table:
+    """``table`` with the catalogue's nullable field types (tables are written without
+    nullable fields, Catalogue.table_schema), schema metadata removed."""
+    return table.cast(pa.schema([pa.field(f.name, nullable_type(f.type)) for f in table.schema]))
+
+
 def all_rows(table_dir: Path) -> pa.Table:
-    """Every committed row, sorted by request_id, schema metadata removed."""
+    """Every committed row, sorted by request_id (as :func:`as_nullable` gives them)."""
     tables = [t for _, _, t in read_committed(table_dir)]
-    table = pa.concat_tables(tables).replace_schema_metadata(None)
-    return table.sort_by(REQUEST_ID)
+    return pa.concat_tables(tables).sort_by(REQUEST_ID)
 
 
 def is_clustered(table: pa.Table) -> bool:

@@ -64,6 +64,10 @@ BAD_ROWS = [
     (TS, None, TS, "ts is null"),
     (TS, -5, TS, "got -5"),
     (TS, 1_793_491_200_000_000, TS, "wrong unit"),  # microseconds: year ~58800
+    ("label", None, "label", "label is null"),
+    ("item_price", None, "item_price", "item_price is null"),
+    ("user_history", None, "user_history", "user_history is null"),
+    ("user_history", [4, None, 6], "user_history", "user_history holds a null id"),
 ]
 
 
@@ -108,10 +112,12 @@ def test_quarantine_counts_and_keeps_every_bad_row(
     assert report.quarantine_dir is not None
     bad = pq.read_table(Path(report.quarantine_dir) / "rows.parquet")
     assert bad.num_rows == len(BAD_ROWS)
-    assert bad.column("_block").to_pylist() == [1, 2, 3, 4, 5]
-    assert bad.column("_row").to_pylist() == [0, 1, 2, 3, 4]
+    assert bad.column("_block").to_pylist() == list(range(1, len(BAD_ROWS) + 1))
+    assert bad.column("_row").to_pylist() == list(range(len(BAD_ROWS)))
     assert bad.column("_field").to_pylist() == [f for _, _, f, _ in BAD_ROWS]
-    assert all(bad.column("_reason").to_pylist())
+    assert [r.split(" (")[0] for r in bad.column("_reason").to_pylist()][5:] == [
+        w for _, _, _, w in BAD_ROWS[5:]
+    ]
     # Nothing dropped: good rows + quarantined rows == input (by request_id where known).
     good_ids = all_rows(tmp_path / "table").column(REQUEST_ID).to_pylist()
     bad_ids = [i for i in bad.column(REQUEST_ID).to_pylist() if i is not None]
@@ -233,3 +239,19 @@ def test_rows_outside_the_window_are_not_checked_for_missing_ids(
 
     report = etl(tmp_path / "shards", tmp_path / "table", start=format_time_ms(start_hour))
     assert report.rows_quarantined == 0 and report.rows_outside_window > 0
+
+
+def test_feature_checks_flag_the_right_rows_of_a_sliced_block(rows: pa.Table) -> None:
+    """Empty lists are fine; a null id is pinned to its own row even in a sliced block."""
+    from recd.etl.validate import OK, bad_row_codes, reason_of
+
+    batch = blocks_of(rows)[0]
+    batch = with_value(batch, "user_history", 2, [])
+    batch = with_value(batch, "user_history", 6, [None])
+    batch = with_value(batch, "item_price", 8, None)
+    sliced = batch.slice(1)  # row r of the block is row r - 1 here
+    codes = bad_row_codes(sliced)
+    assert np.flatnonzero(codes).tolist() == [5, 7]
+    assert reason_of(int(codes[5]), sliced.schema.names)[0] == "user_history"
+    assert reason_of(int(codes[7]), sliced.schema.names) == ("item_price", "item_price is null")
+    assert codes[1] == OK  # the empty list

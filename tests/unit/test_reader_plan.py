@@ -197,6 +197,24 @@ def test_schema_change_between_partitions_names_both_files(tmp_path: Path) -> No
         build_plan(ReaderConfig(table=str(root)))
 
 
+def test_partitions_with_and_without_nullable_fields_read_as_one_table(tmp_path: Path) -> None:
+    """Tables written by recd's ETL have no nullable field (Catalogue.table_schema); a table
+    whose older partitions do reads through, and one batch can span both kinds."""
+    from recd.schema import as_table_schema, strict_schema
+
+    root = tmp_path / "t"
+    write_table(root, {"2026-11-01/00": [6], "2026-11-01/01": [6]})
+    newer = root / "ds=2026-11-01" / "hour=01" / "part-0000.parquet"
+    rows = pq.read_table(newer)
+    pq.write_table(as_table_schema(rows, strict_schema(rows.schema)), newer)
+    assert not pq.read_schema(newer).field("item_id").nullable
+    plan = build_plan(ReaderConfig(table=str(root), batch_size=12))
+    batches = list(iter_worker_batches(plan, epoch=0, worker=0))
+    assert [b.rows.num_rows for b in batches] == [12]
+    assert batches[0].rows.schema.field("item_id").type.equals(pa.list_(pa.int64()))
+    assert item_ids(batches[0].rows) == [r for u in plan.worker_units(0, 0) for r in _unit_rows(u)]
+
+
 def _write_single(root: Path, table: pa.Table) -> None:
     directory = root / "ds=2026-11-01" / "hour=00"
     directory.mkdir(parents=True)
