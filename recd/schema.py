@@ -214,7 +214,8 @@ class Catalogue:
 
         The ETL rejects or quarantines every row with a null (``recd.etl.validate``), so the
         table holds none, and Parquet then stores no definition levels for these columns:
-        readers decode them faster (measured: fill about 15% faster on both rm1-like tables).
+        readers decode them faster (measured with benchmarks/reader.py: fill 10% faster on the
+        unclustered rm1-like table, 16% on the clustered one).
         Readers take either form (:func:`nullable_type`).
         """
         return strict_schema(self.arrow_schema())
