@@ -133,6 +133,9 @@ class EtlReport:
     """Shard blocks whose schema did not match the catalogue (quarantined whole)."""
     frames_quarantined: int = 0
     """Corrupt or truncated zstd frames (their rows cannot be counted; bytes are kept)."""
+    rows_quarantined_by_field: dict[str, int] = field(default_factory=dict)
+    """Bad rows per field named in their reason (``ts``, ``user_history``, ...); rows of
+    quarantined blocks are not in it."""
     quarantine_dir: str | None = None
     """Where quarantined rows, blocks and frames went (None: nothing quarantined)."""
     partitions: int = 0
@@ -193,6 +196,11 @@ class EtlReport:
         if self.blocks_quarantined or self.frames_quarantined:
             lines.append(
                 f"quarantined blocks {self.blocks_quarantined}  frames {self.frames_quarantined}"
+            )
+        if self.rows_quarantined_by_field:
+            by_field = sorted(self.rows_quarantined_by_field.items(), key=lambda kv: -kv[1])
+            lines.append(
+                "quarantined rows by field: " + ", ".join(f"{k} {v:,}" for k, v in by_field)
             )
         if self.quarantine_dir:
             lines.append(f"quarantine: {self.quarantine_dir}")

@@ -815,6 +815,7 @@ class LocalEtl:
         if q is not None and q.used:
             self.report.blocks_quarantined = q.blocks
             self.report.frames_quarantined = q.frames
+            self.report.rows_quarantined_by_field = dict(sorted(q.rows_by_field.items()))
             self.report.quarantine_dir = str(q.directory)
             assert q.rows == self.report.rows_quarantined, "quarantine count differs"
 

@@ -957,6 +957,8 @@ class SparkEtl:
         )
         if quarantined is not None:
             report.quarantine_dir = str(quarantined)
+            summary = json.loads((quarantined / "_summary.json").read_text())
+            report.rows_quarantined_by_field = summary["rows_by_field"]
 
     def _staged_files(self) -> list[tuple[str, str, int]]:
         """The files the job committed (manifest), after removing anything else staged."""
@@ -1016,13 +1018,21 @@ def merge_quarantines(sources: list[Path], target: Path) -> Path | None:
     if not summaries:
         return None
     target.mkdir(parents=True, exist_ok=True)
-    merged: dict[str, Any] = {"rows": 0, "blocks": 0, "frames": 0, "entries": []}
+    merged: dict[str, Any] = {
+        "rows": 0,
+        "blocks": 0,
+        "frames": 0,
+        "rows_by_field": {},
+        "entries": [],
+    }
     writer: pq.ParquetWriter | None = None
     try:
         for source in summaries:
             summary = json.loads((source / "_summary.json").read_text())
             for key in ("rows", "blocks", "frames"):
                 merged[key] += summary[key]
+            for name, count in summary.get("rows_by_field", {}).items():
+                merged["rows_by_field"][name] = merged["rows_by_field"].get(name, 0) + count
             merged["entries"].extend(summary["entries"])
             rows_file = source / "rows.parquet"
             if rows_file.is_file():
@@ -1038,5 +1048,6 @@ def merge_quarantines(sources: list[Path], target: Path) -> Path | None:
     finally:
         if writer is not None:
             writer.close()
+    merged["rows_by_field"] = dict(sorted(merged["rows_by_field"].items()))
     (target / "_summary.json").write_text(json.dumps(merged, indent=1) + "\n")
     return target

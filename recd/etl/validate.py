@@ -264,6 +264,8 @@ class Quarantine:
         self.rows = 0
         self.blocks = 0
         self.frames = 0
+        self.rows_by_field: dict[str, int] = {}
+        """Bad rows (not whole blocks) per field named in their reason."""
         self.entries: list[dict[str, Any]] = []
         self._writer: pq.ParquetWriter | None = None
 
@@ -281,6 +283,8 @@ class Quarantine:
         explained = [reason_of(int(c), batch.schema.names) for c in distinct]
         fields = np.array([f for f, _ in explained], dtype=object)[which]
         reasons = np.array([r for _, r in explained], dtype=object)[which]
+        for (field_name, _), count in zip(explained, np.bincount(which), strict=True):
+            self.rows_by_field[field_name] = self.rows_by_field.get(field_name, 0) + int(count)
         n = len(row_numbers)
         meta = [
             pa.array([str(path)] * n, pa.string()),
@@ -345,6 +349,7 @@ class Quarantine:
                 "rows": self.rows,
                 "blocks": self.blocks,
                 "frames": self.frames,
+                "rows_by_field": dict(sorted(self.rows_by_field.items())),
                 "entries": self.entries,
             }
             (self.directory / "_summary.json").write_text(json.dumps(summary, indent=1) + "\n")

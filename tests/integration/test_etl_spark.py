@@ -331,12 +331,14 @@ def test_quarantine_counts_and_keeps_what_the_local_engine_does_despite_retries(
     assert retried == [f"read-{units[-1].name}", "write-task-00000"]
     counts = ["rows_read", "rows_in", "rows_out", "rows_quarantined"]
     counts += ["blocks_quarantined", "frames_quarantined", "rows_per_partition"]
+    counts += ["rows_quarantined_by_field"]
     assert {k: getattr(report, k) for k in counts} == {k: getattr(local, k) for k in counts}
     assert (report.rows_quarantined, report.blocks_quarantined, report.frames_quarantined) == (
         4 + 8,
         1,
         1,
     )
+    assert report.rows_quarantined_by_field == {SESSION_ID: 1, TS: 2, "user_history": 1}
     assert report.rows_in == report.rows_out + report.rows_quarantined
     assert report.files == report.partitions  # default output size: one file per hour here
     assert all_rows(tmp_path / "spark").equals(all_rows(tmp_path / "local"))

@@ -125,6 +125,10 @@ def test_quarantine_counts_and_keeps_every_bad_row(
     assert sorted([*good_ids, *bad_ids, nulled_id]) == rows.column(REQUEST_ID).to_pylist()
     summary = json.loads((Path(report.quarantine_dir) / "_summary.json").read_text())
     assert summary["rows"] == len(BAD_ROWS)
+    by_field = {SESSION_ID: 1, REQUEST_ID: 1, TS: 3, "label": 1, "item_price": 1}
+    by_field["user_history"] = 2
+    assert report.rows_quarantined_by_field == summary["rows_by_field"] == by_field
+    assert "quarantined rows by field: ts 3, user_history 2, " in report.summary()
 
 
 def mismatched_blocks(batch: pa.RecordBatch) -> list[tuple[pa.RecordBatch, str, str]]:
