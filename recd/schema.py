@@ -286,14 +286,15 @@ def _expand_repeats(data: dict[str, Any]) -> dict[str, Any]:
 def strict_schema(schema: pa.Schema) -> pa.Schema:
     """``schema`` with no nullable field and no nullable list item (metadata kept)."""
     return pa.schema(
-        [pa.field(f.name, _strict_type(f.type), nullable=False) for f in schema],
+        [pa.field(f.name, strict_type(f.type), nullable=False) for f in schema],
         metadata=schema.metadata,
     )
 
 
-def _strict_type(typ: pa.DataType) -> pa.DataType:
+def strict_type(typ: pa.DataType) -> pa.DataType:
+    """``typ`` with its list items not nullable, as the ETL writes it (:func:`strict_schema`)."""
     if pa.types.is_list(typ):
-        return pa.list_(pa.field("item", _strict_type(typ.value_type), nullable=False))
+        return pa.list_(pa.field("item", strict_type(typ.value_type), nullable=False))
     return typ
 
 

@@ -98,7 +98,7 @@ import struct
 import sys
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -1018,21 +1018,15 @@ def merge_quarantines(sources: list[Path], target: Path) -> Path | None:
     if not summaries:
         return None
     target.mkdir(parents=True, exist_ok=True)
-    merged: dict[str, Any] = {
-        "rows": 0,
-        "blocks": 0,
-        "frames": 0,
-        "rows_by_field": {},
-        "entries": [],
-    }
+    merged: dict[str, Any] = {"rows": 0, "blocks": 0, "frames": 0, "entries": []}
+    rows_by_field: Counter[str] = Counter()
     writer: pq.ParquetWriter | None = None
     try:
         for source in summaries:
             summary = json.loads((source / "_summary.json").read_text())
             for key in ("rows", "blocks", "frames"):
                 merged[key] += summary[key]
-            for name, count in summary.get("rows_by_field", {}).items():
-                merged["rows_by_field"][name] = merged["rows_by_field"].get(name, 0) + count
+            rows_by_field.update(summary["rows_by_field"])
             merged["entries"].extend(summary["entries"])
             rows_file = source / "rows.parquet"
             if rows_file.is_file():
@@ -1048,6 +1042,6 @@ def merge_quarantines(sources: list[Path], target: Path) -> Path | None:
     finally:
         if writer is not None:
             writer.close()
-    merged["rows_by_field"] = dict(sorted(merged["rows_by_field"].items()))
+    merged["rows_by_field"] = dict(sorted(rows_by_field.items()))
     (target / "_summary.json").write_text(json.dumps(merged, indent=1) + "\n")
     return target

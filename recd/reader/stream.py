@@ -20,7 +20,7 @@ from recd.errors import BadRowError, SchemaError
 from recd.jagged import SPARSE_TYPE
 from recd.reader.config import Shuffle
 from recd.reader.plan import ReadPlan, WorkUnit, locate, session_order
-from recd.schema import SESSION_ID
+from recd.schema import SESSION_ID, strict_type
 
 INT64_MAX = np.iinfo(np.int64).max
 
@@ -102,7 +102,7 @@ def normalise_table(table: pa.Table, unit: WorkUnit, plan: ReadPlan) -> pa.Table
     return pa.table(columns, names=table.column_names) if changed else table
 
 
-_STRICT_SPARSE_TYPE = pa.list_(pa.field("item", pa.int64(), nullable=False))
+_STRICT_SPARSE_TYPE = strict_type(SPARSE_TYPE)
 """How a sparse column of a table written by recd's ETL reads back (no null list or id)."""
 
 
