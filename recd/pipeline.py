@@ -34,7 +34,7 @@ class LogsStage:
     """Synthetic logs to generate."""
 
     profile: str = "small"
-    """Built-in profile (tiny, small, rm1-like) or a catalogue TOML path."""
+    """Built-in profile (tiny, small, rm1-like, clickstream) or a catalogue TOML path."""
     seed: int = 0
     """Generator seed: the same seed writes byte-identical logs."""
     sessions: int | None = None

@@ -35,7 +35,7 @@ TS = "ts"
 RESERVED_COLUMNS = (SESSION_ID, REQUEST_ID, TS)
 # Key under which a table's catalogue is stored in Parquet / Arrow schema metadata.
 CATALOGUE_METADATA_KEY = b"recd.catalogue"
-PROFILE_NAMES = ("tiny", "small", "rm1-like")
+PROFILE_NAMES = ("tiny", "small", "rm1-like", "clickstream")
 
 
 class SparseKind(StrEnum):
@@ -243,7 +243,7 @@ class Catalogue:
 
 
 def load_catalogue(name_or_path: str | Path) -> Catalogue:
-    """Load a catalogue from a TOML file, or a built-in profile by name (tiny, small, rm1-like)."""
+    """Load a catalogue from a TOML file, or a built-in profile by name (tiny, small, rm1-like, clickstream)."""
     text: str
     source = str(name_or_path)
     path = Path(name_or_path)

@@ -37,7 +37,8 @@ def register(verbs: argparse._SubParsersAction) -> None:
     source.add_argument(
         "--profile",
         choices=PROFILE_NAMES,
-        help="built-in feature catalogue: tiny (tests), small (make run), rm1-like (paper-like)",
+        help="built-in feature catalogue: tiny (tests), small (make run), rm1-like (paper-like), "
+        "clickstream (the shape of a real session log: few, short features)",
     )
     source.add_argument(
         "--catalogue",

@@ -171,6 +171,7 @@ def test_cli_prints_table_and_writes_json(
     analyze_cli.register(sub)
     out = tmp_path / "analysis.json"
     argv = ["analyze", str(tmp_path / "t"), "--batch-size", "3", "--threshold", "1.4"]
+    argv.append("--factor-only")  # the paper's rule; the cost model has its own tests
     args = parser.parse_args([*argv, "--json", str(out)])
     assert args.func(args) == 0
     text = capsys.readouterr().out
