@@ -1,44 +1,48 @@
 """Reader benchmark (RecD O3 + O4, the paper's Figure 10): samples/s of one reader process.
 
-    python benchmarks/reader.py            # rm1-like, 300k rows, batch 2048 / 6144 (minutes)
-    python benchmarks/reader.py --quick    # rm1-like, 20k rows, batch 512 / 1536 (CI size)
+    python benchmarks/reader.py                          # rm1-like, 300k rows, batch 2048 (minutes)
+    python benchmarks/reader.py --profile clickstream    # the shape of a real session log
+    python benchmarks/reader.py --quick                  # 20k rows, batch 512 (CI size)
 
-Data: rm1-like logs are generated, sharded both ways and ETL'd into a clustered table (from
-the session shards, O2) and an unclustered one (arrival order, from the random shards), as
-``recd.pipeline`` does. ``--work-dir`` keeps them for the next run (reused when the same
-rows / seed / shards / row-group size were asked for).
+Data: the profile's logs are generated, sharded both ways and ETL'd into a clustered table
+(from the session shards, O2) and an unclustered one (arrival order, from the random shards),
+as ``recd.pipeline`` does. ``--work-dir`` keeps them for the next run (reused when the same
+rows / seed / shards / row-group size were asked for). Every pass reads the whole table
+(``--window all``, the default; ``full`` and ``same-files`` are secondary windows).
 
-Window (``--window``, default ``full``): the leading hourly partitions that hold at least one
-full row group each, as production partitions do; the generator's sparse tail of long
-sessions (hours of a few hundred rows, where fixed per-file costs rival decoding) is left out
-and reported (``leading_window``).
+Headline (same job on both sides: same rows, same batch size, same preprocessing, one core):
+``reader_speedup`` = samples per CPU-second of clustered+IKJT over unclustered+KJT, both at
+``--batch-size`` (2048) with the preprocessing every config runs; the IKJT groups are what
+``recd analyze`` proposes for the clustered table with this machine's cost model (so a group
+that would slow the reader down is not used; if none pays, clustered+IKJT is clustered+KJT).
+Beside it, each with the same rule:
 
-Measured, in one process (``torch.set_num_threads(1)``, pyarrow CPU and IO pools of one
-thread: one reader = one core), for {unclustered, clustered} x {KJT, IKJT}:
+- ``reader_speedup_b6144``: the same at ``--recd-batch-size`` (3x the batch);
+- ``reader_speedup_no_preprocessing``: the same jobs without preprocessing (groups proposed
+  for a reader that does no per-id work);
+- ``reader_speedup_paper_protocol``: the paper's RM1 protocol (clustered+IKJT at 6144 over
+  unclustered+KJT at 2048: two different jobs, reported for comparison only).
 
-- the same three again at the RecD batch size (``--recd-batch-size``, default 3x the batch:
-  the paper's RM1 ran its baseline at 2048 and RecD, with all optimisations on, at 6144, O7;
-  its reader throughput, 1.79x, compares those two jobs). ``reader_speedup`` is that
-  comparison: clustered+IKJT at the RecD batch over unclustered+KJT at the baseline batch;
-  ``reader_speedup_same_batch`` gives the ratio at each batch size on its own;
-- samples/s over the whole table, median of ``--reps`` passes (passes interleaved across
-  configs so that background load spreads evenly), wall clock and process CPU time;
-- the reader's time split into fill (read + decompress + decode + checks), convert (Arrow ->
-  tensors, dedup hashing) and process (preprocessing), per 1k samples and as shares;
-- compressed bytes of the column chunks read per sample;
-- bytes per batch sent to a trainer: ``pickle`` size (the wire format between reader and
-  trainer processes) and ``Batch.wire_bytes()``.
+Protocol: one process (``torch.set_num_threads(1)``, pyarrow CPU and IO pools of one thread),
+every config warmed up, then ``--reps`` repetitions; in each, every config makes one pass
+over the whole table, in an order drawn at random per repetition (seeded, recorded). Figures
+are medians over the repetitions; each ratio is the ratio of the medians, with the min-max of
+the per-repetition ratios (passes of one repetition are paired). Recorded with each figure:
+batch sizes, rows read of rows in the table, repetitions, threads, load average before and
+after, the orders and the command.
 
-Every config runs the same job: all labels, dense and sparse features of the catalogue;
-``hash_modulo`` of every sparse feature, ``truncate_last`` of the sequence (history)
-features, ``log1p`` of every dense feature. The IKJT configs deduplicate the groups that
-``recd.analyze`` proposes for the clustered table at the RecD batch size.
+Measured per config: samples/s (wall) and per CPU-second; the reader's time split into fill
+(read + decompress + decode + checks), convert (Arrow -> tensors, dedup) and process
+(preprocessing); compressed bytes read per sample; bytes per batch sent to a trainer
+(``pickle`` and ``Batch.wire_bytes()``). Side by side, the plain torchrec way on both tables:
+pyarrow reads the same Parquet files, each batch's KJT is built with
+``KeyedJaggedTensor.from_lengths_sync``, no dedup, the same preprocessing modules.
 
-Side by side, the plain torchrec way on both tables: pyarrow reads the same Parquet files,
-each batch's KJT is built with ``KeyedJaggedTensor.from_lengths_sync`` (lengths from
-``list_value_length``, values from ``flatten``), no dedup, the same preprocessing modules.
+The preprocessing: ``hash_modulo`` of every sparse feature, ``truncate_last`` of the sequence
+(history) features, ``log1p`` of every dense feature.
 
-Writes benchmarks/results/reader.json, reader.md and reader.png (``--quick``: reader_quick.*).
+Writes benchmarks/results/reader.json, .md and .png (``--profile clickstream``:
+reader_clickstream.*; ``--quick``: *_quick.*).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ import argparse
 import json
 import os
 import pickle
+import random
 import statistics
 import sys
 import tempfile
@@ -63,7 +68,7 @@ import pyarrow.parquet as pq
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recd.analyze import analyze_table
+from recd.analyze import TableAnalysis, analyze_table, machine_cost_model
 from recd.batch import Batch, SparseFeatures
 from recd.etl.commit import committed_partition_dirs
 from recd.etl.partitions import format_time_ms
@@ -77,7 +82,7 @@ from recd.reader.transform import BatchTransform
 from recd.schema import Catalogue, SparseKind, load_catalogue
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PROFILE = "rm1-like"
+PROFILES = ("rm1-like", "clickstream")
 DATA_STAMP = "reader_data.json"
 # The job spec shared by every config (a realistic reader job).
 HASH_MODULO = 500_000
@@ -89,21 +94,36 @@ RECD = "clustered_ikjt"
 READER_CONFIGS = ("unclustered_kjt", "unclustered_ikjt", "clustered_kjt", "clustered_ikjt")
 LARGE_CONFIGS = ("unclustered_kjt_large", "clustered_kjt_large", "clustered_ikjt_large")
 """The same jobs at the RecD batch size (``--recd-batch-size``)."""
+NOPRE_CONFIGS = ("unclustered_kjt_nopre", "clustered_kjt_nopre", "clustered_ikjt_nopre")
+"""The same jobs at the batch size, without preprocessing."""
 RECD_FULL = "clustered_ikjt_large"
 """RecD with every reader-side optimisation: clustered table, IKJTs, the larger batch (O7)."""
+HEADLINES = {
+    "reader_speedup": (RECD, BASELINE),
+    "reader_speedup_b6144": (RECD_FULL, "unclustered_kjt_large"),
+    "reader_speedup_no_preprocessing": ("clustered_ikjt_nopre", "unclustered_kjt_nopre"),
+    "reader_speedup_paper_protocol": (RECD_FULL, BASELINE),
+}
+"""Headline ratios: (numerator config, denominator config), samples per CPU-second."""
 REFERENCE_CONFIGS = ("torchrec_unclustered", "torchrec_clustered")
 PARTS = ("fill", "convert", "process")
 
 
 # ---------------------------------------------------------------------- data
 def prepare_tables(
-    work: Path, *, rows: int, seed: int, num_shards: int, row_group_rows: int
+    work: Path,
+    *,
+    rows: int,
+    seed: int,
+    num_shards: int,
+    row_group_rows: int,
+    profile: str = "rm1-like",
 ) -> dict[str, Any]:
-    """rm1-like into ``work/table`` (clustered) and ``work/table_baseline`` (arrival order),
+    """``profile`` into ``work/table`` (clustered) and ``work/table_baseline`` (arrival order),
     reused when ``work`` already holds the same (:func:`recd.pipeline.reuse_or_build_tables`)."""
     return reuse_or_build_tables(
         work,
-        PROFILE,
+        profile,
         stamp=DATA_STAMP,
         seed=seed,
         rows=rows,
@@ -310,6 +330,7 @@ def check_same_output(readers: dict[str, Reader], batches: int) -> int:
         ["unclustered_kjt", "unclustered_ikjt", "torchrec_unclustered"],
         ["clustered_kjt", "clustered_ikjt", "torchrec_clustered"],
         ["clustered_kjt_large", RECD_FULL],
+        ["clustered_kjt_nopre", "clustered_ikjt_nopre"],
     ):
         streams = [readers[name].iter_timed() for name in names]
         for i in range(batches):
@@ -374,7 +395,8 @@ def reader_batch_size(reader: Reader) -> int:
 
 
 def summarise(passes: list[Pass]) -> dict[str, Any]:
-    """Medians over the repetitions: samples/s (wall and CPU), the time split, bytes read.
+    """Medians (and min-max) over the repetitions: samples/s (wall and CPU), the time split,
+    bytes read.
 
     The split is measured in wall seconds by the reader (``BatchTiming``); ``cpu_s_per_1k``
     spreads the pass's CPU seconds over the parts in the same shares, which on a shared,
@@ -388,11 +410,15 @@ def summarise(passes: list[Pass]) -> dict[str, Any]:
     shares = {part: v / total for part, v in zip(PARTS, (fill, convert, process), strict=True)}
     cpu_per_1k = statistics.median(p.cpu_s for p in passes) * 1000.0 / rows
     wall_per_1k = 1000.0 / rows
+    per_cpu = [p.rows / p.cpu_s for p in passes]
+    per_wall = [p.rows / p.wall_s for p in passes]
     return {
         "rows": rows,
         "batches": passes[0].batches,
-        "samples_per_s": statistics.median(p.rows / p.wall_s for p in passes),
-        "samples_per_cpu_s": statistics.median(p.rows / p.cpu_s for p in passes),
+        "samples_per_s": statistics.median(per_wall),
+        "samples_per_s_min_max": [min(per_wall), max(per_wall)],
+        "samples_per_cpu_s": statistics.median(per_cpu),
+        "samples_per_cpu_s_min_max": [min(per_cpu), max(per_cpu)],
         "wall_s": [p.wall_s for p in passes],
         "cpu_s": [p.cpu_s for p in passes],
         "time_share": shares,
@@ -412,74 +438,124 @@ def summarise(passes: list[Pass]) -> dict[str, Any]:
     }
 
 
+def ratio_with_spread(
+    configs: dict[str, dict[str, Any]], num: str, den: str, *, key: str = "samples_per_cpu_s"
+) -> dict[str, Any]:
+    """``num`` over ``den``: the ratio of the medians and the min-max of the per-repetition
+    ratios (pass i of both configs ran in repetition i, minutes apart at most)."""
+    field = "cpu_s" if key == "samples_per_cpu_s" else "wall_s"
+    a, b = configs[num], configs[den]
+    per_rep = [
+        (a["rows"] / ta) / (b["rows"] / tb) for ta, tb in zip(a[field], b[field], strict=True)
+    ]
+    return {
+        "value": a[key] / b[key],
+        "min": min(per_rep),
+        "max": max(per_rep),
+        "per_repetition": per_rep,
+        "numerator": num,
+        "denominator": den,
+        "basis": key,
+    }
+
+
+def verdict(spread: dict[str, Any]) -> str:
+    """ "faster" / "slower" only when every repetition agrees; else "indistinguishable"."""
+    if spread["min"] > 1.0:
+        return "faster"
+    if spread["max"] < 1.0:
+        return "slower"
+    return "indistinguishable"
+
+
 # ---------------------------------------------------------------------- outputs
 def markdown(r: dict[str, Any]) -> str:
     base = r["configs"][BASELINE]["cpu_s_per_1k"]["total"]
-    window = r["window"]
+    p = r["protocol"]
     lines = [
-        f"rm1-like, {r['rows']:,} rows read per pass (of {r['data']['rows']:,} generated; "
-        + (
-            f"partitions before {window['end']}, {window['partitions_left_out']} sparse tail "
-            "partitions (long sessions' last samples) left out, see `window`"
-            if window["end"]
-            else "the whole table"
-        )
-        + f"), batch {r['batch_size']} (`*_large`: {r['recd_batch_size']}), one reader process "
-        f"(1 thread), median of {r['reps']} "
-        f"passes; load average {r['load_average'][0]:.1f} on {r['cpu_count']} CPUs.",
+        f"{r['profile']}, {p['rows_read_per_pass']:,} rows read per pass of "
+        f"{p['rows_in_table']:,} in the table ({p['window']}), batch {r['batch_size']} "
+        f"(`*_large`: {r['recd_batch_size']}), one reader process (1 thread), "
+        f"{p['repetitions']} repetitions in random order per repetition, medians "
+        f"(min-max); load average {p['load_average_before'][0]:.1f} before, "
+        f"{p['load_average_after'][0]:.1f} after, on {r['cpu_count']} CPUs.",
         "",
-        "| config | samples/s (wall) | samples/CPU-s | fill | convert | process "
+        "| config | samples/CPU-s (min-max) | samples/s (wall) | fill | convert | process "
         "| total (vs baseline) | read B/sample | pickled B/batch |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name in (*READER_CONFIGS, *LARGE_CONFIGS, *REFERENCE_CONFIGS):
+    for name in ALL_CONFIGS:
         c = r["configs"][name]
         t = c["cpu_s_per_1k"]
+        lo, hi = c["samples_per_cpu_s_min_max"]
         wire = r["wire"].get(name, {}).get("pickled_bytes_per_batch")
         lines.append(
-            f"| {name} | {c['samples_per_s']:,.0f} | {c['samples_per_cpu_s']:,.0f} "
+            f"| {name} | {c['samples_per_cpu_s']:,.0f} ({lo:,.0f}-{hi:,.0f}) "
+            f"| {c['samples_per_s']:,.0f} "
             f"| {t['fill'] * 1e3:.1f} ms | {t['convert'] * 1e3:.1f} ms "
             f"| {t['process'] * 1e3:.1f} ms | {t['total'] * 1e3:.1f} ms ({t['total'] / base:.2f}) "
             f"| {c['read_bytes_per_sample']:,.0f} | "
             + (f"{wire / 1e6:.2f} MB |" if wire else "- |")
         )
     vs = r["speedup_vs_torchrec"]
+    h = r["headlines"]
+
+    def row(key: str, label: str, bold: bool = False) -> str:
+        x = h[key]
+        value = f"{x['value']:.2f}x ({x['min']:.2f}-{x['max']:.2f}, {verdict(x)})"
+        return f"| {'**' + key + '**' if bold else key} ({label}) | {'**' + value + '**' if bold else value} |"
+
+    b, big = r["batch_size"], r["recd_batch_size"]
     lines += [
         "",
         "Times: CPU ms per 1k samples, split in the reader's measured shares (fill = read + "
-        "decompress + decode + checks; convert = Arrow -> tensors incl. dedup hashing; "
+        "decompress + decode + checks; convert = Arrow -> tensors incl. dedup; "
         "process = preprocessing). Pickled: `pickle.dumps(batch)`, full batches.",
         "",
-        "| headline | value |",
+        "| headline (samples per CPU-second, median of repetitions, min-max of per-repetition "
+        "ratios) | value |",
         "|---|---:|",
-        f"| **reader_speedup** (clustered+IKJT at batch {r['recd_batch_size']} / "
-        f"unclustered+KJT at batch {r['batch_size']}, samples per CPU-s) "
-        f"| **{r['reader_speedup']:.2f}x** |",
-        f"| reader_speedup_wall (same, wall-clock samples/s) | {r['reader_speedup_wall']:.2f}x |",
-        *(
-            f"| same batch size on both sides, {size} | {ratio:.2f}x |"
-            for size, ratio in r["reader_speedup_same_batch"].items()
+        row(
+            "reader_speedup",
+            f"clustered+IKJT / unclustered+KJT, both batch {b}, with preprocessing",
+            bold=True,
         ),
-        f"| of which clustering (clustered+KJT / unclustered+KJT) "
-        f"| {r['speedup_parts']['clustering']:.2f}x |",
-        f"| of which IKJT on the clustered table (clustered+IKJT / clustered+KJT) "
-        f"| {r['speedup_parts']['ikjt_on_clustered']:.2f}x |",
+        row("reader_speedup_b6144", f"the same at batch {big}"),
+        row("reader_speedup_no_preprocessing", f"the same at batch {b} without preprocessing"),
+        row(
+            "reader_speedup_paper_protocol",
+            f"clustered+IKJT at {big} / unclustered+KJT at "
+            f"{b}: two different jobs, the paper's RM1 protocol",
+        ),
+        row("reader_speedup_wall", "headline pair, wall-clock samples/s"),
+        row("clustering", "clustered+KJT / unclustered+KJT"),
+        row("ikjt_on_clustered", "clustered+IKJT / clustered+KJT, same table"),
         f"| **wire_bytes_ratio** (pickled KJT / IKJT batch, clustered) "
         f"| **{r['wire_bytes_ratio']:.2f}x** |",
-        f"| wire_bytes_ratio, `Batch.wire_bytes()` | {r['wire_bytes_ratio_tensor']:.2f}x |",
-        f"| wire_bytes_ratio at batch {r['recd_batch_size']} | {r['wire_bytes_ratio_large']:.2f}x |",
+        f"| wire_bytes_ratio at batch {big} | {r['wire_bytes_ratio_large']:.2f}x |",
         f"| bytes read per sample, unclustered / clustered "
         f"| {r['bytes_read_per_sample']['unclustered']:,.0f} / "
         f"{r['bytes_read_per_sample']['clustered']:,.0f} B |",
         f"| vs plain torchrec dataloader, same table (unclustered+KJT / clustered+IKJT) "
         f"| {vs['unclustered_kjt_vs_torchrec_unclustered']:.2f}x / "
         f"{vs['clustered_ikjt_vs_torchrec_clustered']:.2f}x |",
-        f"| clustered+IKJT vs plain torchrec on the unclustered table "
-        f"| {vs['clustered_ikjt_vs_torchrec_unclustered']:.2f}x |",
-        f"| dedup groups ({r['dedup_groups_source']}) | "
-        + "; ".join(_group_label(g) for g in r["dedup_sparse_features"])
-        + " |",
     ]
+    for label, key in (
+        (f"batch {b}, with preprocessing", "with_preprocessing"),
+        (f"batch {big}, with preprocessing", "large"),
+        (f"batch {b}, no preprocessing", "no_preprocessing"),
+    ):
+        a = r["analysis"][key]
+        groups = "; ".join(_group_label(g) for g in a["dedup_sparse_features"]) or "none"
+        rejected = "; ".join(
+            f"{_group_label(x['features'])} (factor {x['measured_factor']:.1f})"
+            for x in a["rejected"]
+        )
+        lines.append(
+            f"| dedup groups proposed by `recd analyze` ({label}) | {groups}"
+            + (f"; not proposed: {rejected}" if rejected else "")
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -495,9 +571,9 @@ def plot(r: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [*READER_CONFIGS, *LARGE_CONFIGS, *REFERENCE_CONFIGS]
+    names = list(ALL_CONFIGS)
     base = r["configs"][BASELINE]["cpu_s_per_1k"]["total"]
-    fig, ax = plt.subplots(figsize=(11, 4.8))
+    fig, ax = plt.subplots(figsize=(12, 4.8))
     bottom = np.zeros(len(names))
     colours = {"fill": "#4c72b0", "convert": "#dd8452", "process": "#55a868"}
     for part in PARTS:
@@ -508,49 +584,61 @@ def plot(r: dict[str, Any], path: Path) -> None:
         ax.text(i, total + 0.01, f"{total:.2f}", ha="center", va="bottom", fontsize=8)
     ax.set_ylabel(f"reader CPU time per sample (1.0 = {BASELINE})")
     ax.set_title(
-        f"rm1-like reader time split, batch {r['batch_size']} (_large: {r['recd_batch_size']}), "
-        f"{r['rows']:,} rows"
+        f"{r['profile']} reader time split, batch {r['batch_size']} (_large: "
+        f"{r['recd_batch_size']}), {r['rows']:,} rows per pass, median of "
+        f"{r['protocol']['repetitions']}"
     )
     ax.set_ylim(0, float(bottom.max()) * 1.18)
     ax.legend(loc="upper left", ncols=3)
-    ax.tick_params(axis="x", labelrotation=20, labelsize=8)
+    ax.tick_params(axis="x", labelrotation=25, labelsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
 # ---------------------------------------------------------------------- main
+ALL_CONFIGS = (*READER_CONFIGS, *LARGE_CONFIGS, *NOPRE_CONFIGS, *REFERENCE_CONFIGS)
+
+
 def build_readers(
     clustered: Path,
     unclustered: Path,
     *,
+    profile: str,
     batch_size: int,
     recd_batch_size: int,
     end: str | None,
-    groups: list[list[str]],
+    groups: dict[str, list[list[str]]],
 ) -> dict[str, Reader]:
-    """The recd configs at both batch sizes and the two torchrec references (same job, same
-    window)."""
-    preprocessing = job_preprocessing(load_catalogue(PROFILE))
+    """The recd configs at both batch sizes, without preprocessing, and the two torchrec
+    references (same job, same window). ``groups``: the dedup groups of each job
+    ("with_preprocessing", "large", "no_preprocessing")."""
+    preprocessing = job_preprocessing(load_catalogue(profile))
 
-    def recd(table: Path, dedup: list[list[str]], size: int = batch_size) -> RecdReader:
+    def recd(
+        table: Path, dedup: list[list[str]], size: int = batch_size, pre: bool = True
+    ) -> RecdReader:
         config = ReaderConfig(
             table=str(table),
             end=end,
             batch_size=size,
             dedup_sparse_features=dedup,
-            preprocessing=preprocessing,
+            preprocessing=preprocessing if pre else [],
         )
         return RecdReader(config)
 
+    g, g_large, g_nopre = groups["with_preprocessing"], groups["large"], groups["no_preprocessing"]
     readers: dict[str, Reader] = {
         "unclustered_kjt": recd(unclustered, []),
-        "unclustered_ikjt": recd(unclustered, groups),
+        "unclustered_ikjt": recd(unclustered, g),
         "clustered_kjt": recd(clustered, []),
-        "clustered_ikjt": recd(clustered, groups),
+        "clustered_ikjt": recd(clustered, g),
         "unclustered_kjt_large": recd(unclustered, [], recd_batch_size),
         "clustered_kjt_large": recd(clustered, [], recd_batch_size),
-        RECD_FULL: recd(clustered, groups, recd_batch_size),
+        RECD_FULL: recd(clustered, g_large, recd_batch_size),
+        "unclustered_kjt_nopre": recd(unclustered, [], pre=False),
+        "clustered_kjt_nopre": recd(clustered, [], pre=False),
+        "clustered_ikjt_nopre": recd(clustered, g_nopre, pre=False),
     }
     for name, like in zip(REFERENCE_CONFIGS, ("unclustered_kjt", "clustered_kjt"), strict=True):
         base = readers[like]
@@ -559,22 +647,50 @@ def build_readers(
     return readers
 
 
-def measure(readers: dict[str, Reader], *, reps: int, warmup_batches: int) -> dict[str, list[Pass]]:
-    """``reps`` passes per reader, interleaved (rep-major) so background load spreads evenly."""
+def measure(
+    readers: dict[str, Reader], *, reps: int, warmup_batches: int, seed: int
+) -> tuple[dict[str, list[Pass]], list[list[str]]]:
+    """``reps`` repetitions; in each, one pass per reader in an order drawn at random (seeded).
+
+    Returns the passes per reader (index i: repetition i) and the order of each repetition.
+    """
     for reader in readers.values():
         warm_up(reader, warmup_batches)
     passes: dict[str, list[Pass]] = {name: [] for name in readers}
+    orders: list[list[str]] = []
+    rng = random.Random(seed)
     for rep in range(reps):
-        for name, reader in readers.items():
-            p = timed_pass(reader)
+        order = rng.sample(list(readers), k=len(readers))
+        orders.append(order)
+        for name in order:
+            p = timed_pass(readers[name])
             passes[name].append(p)
             print(
-                f"  pass {rep + 1}/{reps} {name:<22} {p.rows / p.cpu_s:>8,.0f} samples/CPU-s "
+                f"  rep {rep + 1}/{reps} {name:<22} {p.rows / p.cpu_s:>8,.0f} samples/CPU-s "
                 f"{p.rows / p.wall_s:>8,.0f} samples/s (fill {p.fill_s:.2f} s, convert "
                 f"{p.convert_s:.2f} s, process {p.process_s:.2f} s)",
                 flush=True,
             )
-    return passes
+    return passes, orders
+
+
+def propose_groups(
+    clustered: Path, *, batch_size: int, recd_batch_size: int, end: str | None
+) -> dict[str, TableAnalysis]:
+    """``recd analyze``'s cost-aware proposal for each job of the benchmark."""
+    model = machine_cost_model()
+    jobs = {
+        "with_preprocessing": (batch_size, True),
+        "large": (recd_batch_size, True),
+        "no_preprocessing": (batch_size, False),
+    }
+    out = {}
+    for job, (size, pre) in jobs.items():
+        print(f"analyzing {clustered} at batch size {size} ({job}) ...", flush=True)
+        out[job] = analyze_table(
+            clustered, batch_size=size, end=end, cost_model=model, preprocessed=pre
+        )
+    return out
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -584,6 +700,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         seed=args.seed,
         num_shards=args.shards,
         row_group_rows=args.row_group_rows,
+        profile=args.profile,
     )
     clustered, unclustered = work / "table", work / "table_baseline"
     window = (
@@ -596,17 +713,18 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         else {"end": None, "partitions": len(committed_partition_dirs(clustered))}
     )
     end = str(window["end"]) if window["end"] is not None else None
-    print(f"analyzing {clustered} at batch size {args.recd_batch_size} ...", flush=True)
-    analysis = analyze_table(clustered, batch_size=args.recd_batch_size, end=end)
-    groups = analysis.dedup_sparse_features
+    analyses = propose_groups(
+        clustered, batch_size=args.batch_size, recd_batch_size=args.recd_batch_size, end=end
+    )
     print("building readers (TorchScript preprocessing) ...", flush=True)
     readers = build_readers(
         clustered,
         unclustered,
+        profile=args.profile,
         batch_size=args.batch_size,
         recd_batch_size=args.recd_batch_size,
         end=end,
-        groups=groups,
+        groups={job: a.dedup_sparse_features for job, a in analyses.items()},
     )
     for name in ("clustered_kjt", "unclustered_kjt"):
         reader = readers[name]
@@ -617,21 +735,35 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     identical = check_same_output(readers, args.check_batches)
     print(f"all configs of a table hand out identical batches ({identical} compared)")
     load_before = os.getloadavg()
-    passes = measure(readers, reps=args.reps, warmup_batches=args.warmup_batches)
+    passes, orders = measure(
+        readers, reps=args.reps, warmup_batches=args.warmup_batches, seed=args.seed
+    )
+    load_after = os.getloadavg()
     configs = {name: summarise(p) for name, p in passes.items()}
     wire = {
         name: wire_sizes(readers[name], args.wire_batches)
         for name in (*READER_CONFIGS, *LARGE_CONFIGS)
     }
-    result = headline(
-        args,
-        data=data,
-        window=window,
-        analysis=analysis,
-        configs=configs,
-        wire=wire,
-        load=[max(a, b) for a, b in zip(load_before, os.getloadavg(), strict=True)],
-    )
+    result = headline(args, data=data, window=window, analyses=analyses, configs=configs, wire=wire)
+    result["protocol"] = {
+        "batch_size": args.batch_size,
+        "recd_batch_size": args.recd_batch_size,
+        "rows_read_per_pass": configs[BASELINE]["rows"],
+        "rows_in_table": data["rows"],
+        "window": "the whole table"
+        if window["end"] is None
+        else f"partitions before {window['end']} ({window.get('partitions_left_out', 0)} left out)",
+        "repetitions": args.reps,
+        "order": "every config once per repetition, in an order drawn at random per repetition",
+        "orders_seed": args.seed,
+        "orders": orders,
+        "warmup_batches": args.warmup_batches,
+        "threads": {"torch": 1, "pyarrow_cpu": 1, "pyarrow_io": 1},
+        "load_average_before": list(load_before),
+        "load_average_after": list(load_after),
+        "failed_passes": 0,
+        "ratios": "ratio of the medians; min-max of the per-repetition ratios",
+    }
     result["identical_batches_checked"] = identical
     return result
 
@@ -641,40 +773,46 @@ def headline(
     *,
     data: dict[str, Any],
     window: dict[str, Any],
-    analysis: Any,
+    analyses: dict[str, TableAnalysis],
     configs: dict[str, dict[str, Any]],
     wire: dict[str, dict[str, float]],
-    load: list[float],
 ) -> dict[str, Any]:
     """The result document: headline ratios first, then every measurement behind them."""
-    base, recd = configs[BASELINE], configs[RECD_FULL]
 
     def cpu_ratio(a: str, b: str) -> float:
-        return configs[a]["samples_per_cpu_s"] / configs[b]["samples_per_cpu_s"]
+        return float(configs[a]["samples_per_cpu_s"] / configs[b]["samples_per_cpu_s"])
 
+    spreads = {key: ratio_with_spread(configs, *pair) for key, pair in HEADLINES.items()}
+    spreads["reader_speedup_wall"] = ratio_with_spread(configs, RECD, BASELINE, key="samples_per_s")
+    spreads["clustering"] = ratio_with_spread(configs, "clustered_kjt", BASELINE)
+    spreads["ikjt_on_clustered"] = ratio_with_spread(configs, RECD, "clustered_kjt")
+    spreads["ikjt_on_clustered_no_preprocessing"] = ratio_with_spread(
+        configs, "clustered_ikjt_nopre", "clustered_kjt_nopre"
+    )
+    main_analysis = analyses["with_preprocessing"]
     return {
-        "profile": PROFILE,
+        "profile": args.profile,
         "quick": args.quick,
-        "rows": base["rows"],
+        "rows": configs[BASELINE]["rows"],
         "batch_size": args.batch_size,
         "recd_batch_size": args.recd_batch_size,
-        "reader_speedup": cpu_ratio(RECD_FULL, BASELINE),
+        **{key: spreads[key]["value"] for key in HEADLINES},
+        "reader_speedup_wall": spreads["reader_speedup_wall"]["value"],
         "reader_speedup_basis": (
-            f"samples per CPU-second of the reader process (1 thread): {RECD_FULL} (clustered "
-            f"table, IKJTs, batch {args.recd_batch_size}) over {BASELINE} (batch "
-            f"{args.batch_size}), the paper's RM1 protocol (baseline 2048, RecD 6144)"
+            f"samples per CPU-second of the reader process (1 thread): {RECD} (clustered "
+            f"table, IKJT groups proposed by recd analyze's cost model) over {BASELINE}, both "
+            f"at batch {args.batch_size}, both with preprocessing, over the whole table"
         ),
-        "reader_speedup_wall": recd["samples_per_s"] / base["samples_per_s"],
-        "reader_speedup_same_batch": {
-            str(args.batch_size): cpu_ratio(RECD, BASELINE),
-            str(args.recd_batch_size): cpu_ratio(RECD_FULL, "unclustered_kjt_large"),
-        },
+        "headlines": spreads,
         "speedup_parts": {
             "clustering": cpu_ratio("clustered_kjt", BASELINE),
             "ikjt_on_clustered": cpu_ratio(RECD, "clustered_kjt"),
             "ikjt_on_unclustered": cpu_ratio("unclustered_ikjt", BASELINE),
             "larger_batch_kjt": cpu_ratio("unclustered_kjt_large", BASELINE),
             "larger_batch_ikjt": cpu_ratio(RECD_FULL, RECD),
+            "ikjt_on_clustered_no_preprocessing": cpu_ratio(
+                "clustered_ikjt_nopre", "clustered_kjt_nopre"
+            ),
         },
         "wire_bytes_ratio": wire["clustered_kjt"]["pickled_bytes_per_batch"]
         / wire[RECD]["pickled_bytes_per_batch"],
@@ -701,23 +839,35 @@ def headline(
             "clustered_ikjt_vs_torchrec_clustered": cpu_ratio(RECD, "torchrec_clustered"),
             "clustered_ikjt_vs_torchrec_unclustered": cpu_ratio(RECD, "torchrec_unclustered"),
         },
-        "dedup_sparse_features": analysis.dedup_sparse_features,
+        "dedup_sparse_features": main_analysis.dedup_sparse_features,
         "dedup_groups_source": (
-            f"recd.analyze proposal for the clustered table at batch {args.recd_batch_size}"
+            f"recd analyze's cost-aware proposal for the clustered table at batch "
+            f"{args.batch_size} (with preprocessing); per job in `analysis`"
         ),
-        "dedup_group_factors": {"+".join(g.features): g.measured_factor for g in analysis.groups},
-        "samples_per_session": analysis.samples_per_session,
-        "preprocessing": job_preprocessing(load_catalogue(PROFILE)),
+        "analysis": {
+            job: {
+                "batch_size": a.batch_size,
+                "cost_model": a.cost_model,
+                "dedup_sparse_features": a.dedup_sparse_features,
+                "groups": [asdict(g) for g in a.groups],
+                "rejected": [asdict(g) for g in a.rejected],
+            }
+            for job, a in analyses.items()
+        },
+        "dedup_group_factors": {
+            "+".join(g.features): g.measured_factor for g in main_analysis.groups
+        },
+        "samples_per_session": main_analysis.samples_per_session,
+        "preprocessing": job_preprocessing(load_catalogue(args.profile)),
         "window": window,
         "data": data,
         "reps": args.reps,
         "warmup_batches": args.warmup_batches,
         "threads": {"torch": torch.get_num_threads(), "pyarrow_cpu": pa.cpu_count()},
-        "load_average": load,
         "cpu_count": os.cpu_count(),
         "wire": wire,
         "configs": configs,
-        "targets": {"reader_speedup": 1.8, "wire_bytes_ratio": 3.0},
+        "targets": {"reader_speedup": 1.5 if args.profile == "rm1-like" else 1.0},
     }
 
 
@@ -725,20 +875,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--profile", choices=PROFILES, default="rm1-like")
     parser.add_argument("--quick", action="store_true", help="CI size: 20k rows, batch 512")
     parser.add_argument("--rows", type=int, help="rows to generate (default 300k, quick 20k)")
     parser.add_argument(
-        "--batch-size", type=int, help="baseline rows per batch (default 2048, quick 512)"
+        "--batch-size", type=int, help="rows per batch of every job (default 2048, quick 512)"
     )
     parser.add_argument(
         "--recd-batch-size",
         type=int,
-        help="rows per batch of the *_large configs, RecD's own job (default 3x --batch-size, "
-        "as the paper's RM1: 2048 -> 6144)",
+        help="rows per batch of the *_large configs (default 3x --batch-size, as the paper's "
+        "RM1: 2048 -> 6144)",
     )
     parser.add_argument("--shards", type=int, help="log-bus shards (default 16, quick 4)")
     parser.add_argument("--row-group-rows", type=int, default=8192)
-    parser.add_argument("--reps", type=int, help="timed passes per config (default 3)")
+    parser.add_argument("--reps", type=int, help="repetitions (default 5, at least 3)")
     parser.add_argument("--warmup-batches", type=int, default=3)
     parser.add_argument("--wire-batches", type=int, default=20, help="batches to pickle")
     parser.add_argument(
@@ -746,13 +897,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--window",
-        choices=("full", "same-files", "all"),
-        default="full",
-        help="full (default): the leading partitions where both tables hold as many files and "
-        "each partition at least one full row group; same-files: without the row-group rule; "
-        "all: every partition",
+        choices=("all", "full", "same-files"),
+        default="all",
+        help="all (default): every partition; full: the leading partitions where both tables "
+        "hold as many files and each partition at least one full row group (a secondary "
+        "figure); same-files: without the row-group rule",
     )
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=1, help="data seed and order seed")
     parser.add_argument("--work-dir", type=Path, help="keep (and reuse) the tables here")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -760,7 +911,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.batch_size = args.batch_size or (512 if args.quick else 2048)
     args.recd_batch_size = args.recd_batch_size or 3 * args.batch_size
     args.shards = args.shards or (4 if args.quick else 16)
-    args.reps = args.reps or 3
+    args.reps = args.reps or 5
     return args
 
 
@@ -781,8 +932,10 @@ def main(argv: list[str] | None = None) -> int:
         pa.set_cpu_count(saved[1])
         pa.set_io_thread_count(saved[2])
     result = {"command": command, **result}
+    result["protocol"]["command"] = command
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = "reader_quick" if args.quick else "reader"
+    stem = "reader" if args.profile == "rm1-like" else f"reader_{args.profile}"
+    stem += "_quick" if args.quick else ""
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     table = markdown(result)
     (args.out / f"{stem}.md").write_text(f"Command: `{command}`\n\n{table}")
