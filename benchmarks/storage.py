@@ -1,237 +1,566 @@
-"""Storage benchmark (RecD O1 + O2): log-bus shard bytes and table bytes, with a reference ETL.
+"""Storage benchmark (RecD O1 + O2): shard and table bytes, and ETL speed against DuckDB.
 
-    python benchmarks/storage.py            # rm1-like, 1M rows (minutes)
-    python benchmarks/storage.py --quick    # rm1-like, 40k rows (CI size)
+    python benchmarks/storage.py            # rm1-like and clickstream, 1M rows each, 64 shards
+    python benchmarks/storage.py --quick    # both profiles, 40k rows each, 8 shards (CI size)
 
-Measured in one run, side by side:
+The full run takes about 10 minutes on 2 quiet cores (rm1-like ~8: its rows are ~3 KB raw;
+clickstream ~1.5) and the DuckDB reference peaks at ~15 GB RSS on rm1-like 1M rows. Needs a
+DuckDB whose ``COPY`` takes ``ORDER_BY`` with ``PARTITION_BY`` (sorted partitioned writes: 2.0).
+
+For each profile (``--profile``, default both: rm1-like, then clickstream), measured side by side
+on the same generated log:
+
 - raw log bytes (Arrow IPC segments, uncompressed, arrival order);
 - log-bus shard bytes with the session key vs the random key (O1), and their ratio;
 - table bytes: baseline (arrival order, from the random shards) vs clustered (O2), the ratio,
-  and bytes per sample;
-- ETL rows/s and peak RSS of `recd etl` (a child process each, so RSS is the ETL's own);
-- a reference doing the same work on the same shards with DuckDB: decode the shards, sort by
-  (session_id, ts) and write zstd Parquet partitioned by ds/hour (a child process too);
-- Parquet bytes per column under each encoding and what `dictionary=auto` picks.
+  and bytes per sample (byte counts are deterministic: one run each);
+- ETL speed, ``recd etl`` against a DuckDB reference doing the same work, in repetitions.
 
-Writes benchmarks/results/storage.json and storage.md.
+The same work. ``recd etl`` (recd/etl/local.py) reads the session shards, decodes and validates
+every block (nulls, ts range: ``recd.etl.validate``), sorts each shard's rows by (hour,
+session_id, ts, request_id), and appends each hour's rows to one open file per partition
+``ds=YYYY-MM-DD/hour=HH/part-*.parquet`` (non-null schema, zstd level 3, row groups of
+``--row-group-rows``), with ``--threads`` threads. The reference decodes and validates the same
+frames with the same code on ``--threads`` Python threads (zstd and Arrow IPC release the GIL),
+then one DuckDB statement (``SET threads`` = ``--threads``) writes the same hourly Hive layout
+with the same zstd level and row-group size, each partition's rows sorted by (session_id, ts,
+request_id) (``COPY ... ORDER_BY``: a local sort, as recd's per-shard sort; a session lives in
+one shard, so both give each session as one contiguous ts-sorted run per partition file). The
+secondary figure ``etl_speed_vs_reference_global_sort`` is the earlier reference: a global
+``ORDER BY`` over all shards before the partitioned write (more work; DuckDB's partitioned
+write does not keep that order inside a file, see ``sessions_clustered`` in the JSON). Known
+differences: DuckDB writes OPTIONAL Parquet columns from an Arrow scan, recd REQUIRED ones;
+the reference decodes every shard before DuckDB starts, while recd decodes the next shard
+while it writes the current one (both on ``--threads`` threads; the reference's decode time is
+reported apart, ``decode_seconds``).
+
+Protocol. ``--repetitions`` (default 3) rounds; in each, every side runs once in its own child
+process, in an order drawn from ``random.Random("SEED/PROFILE")`` (``--order-seed``; the order
+is in the JSON). A side's rows/s is rows read / in-process seconds from reading the shards to
+the last file written (interpreter start-up and imports excluded on both sides; dirty pages
+are written back with ``os.sync`` once before the runs). Reported: median and min-max of each
+side's rows/s; the ratio of the medians; the min-max of the paired per-round ratios. A failed
+repetition is counted and reported, never dropped silently. Every output is checked (untimed):
+rows, partitions, row groups, columns and whether sessions are clustered.
+
+Writes benchmarks/results/storage.json and storage.md (``--quick``: storage_quick.*). The
+headline keys at the JSON's top level are rm1-like's (``shard_compression_ratio``,
+``table_compression_ratio``, ``etl_speed_vs_reference``); ``profiles`` holds every profile's.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import random
 import resource
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from recd.etl.config import EtlConfig
 from recd.etl.encodings import measure_encodings
-from recd.logs import rawlog
+from recd.etl.local import list_shards, run_etl
+from recd.etl.validate import (
+    Frame,
+    bad_row_codes,
+    bad_row_error,
+    check_block_schema,
+    decode_frame,
+    iter_frames,
+)
 from recd.logs.generate import generate_logs
+from recd.logs.rawlog import read_catalogue
 from recd.logs.shard import compare_sharding
-from recd.schema import load_catalogue
+from recd.schema import REQUEST_ID, SESSION_ID, TS, load_catalogue
 
 RESULTS = Path(__file__).resolve().parent / "results"
+PROFILES = ("rm1-like", "clickstream")
+HEADLINE_PROFILE = "rm1-like"
+FULL_ROWS = 1_000_000
+QUICK_ROWS = 40_000
+FULL_SHARDS = 64
+QUICK_SHARDS = 8
+ZSTD_LEVEL = 3  # recd etl's default (EtlConfig.zstd_level), passed to both sides explicitly
+# Sides of the speed comparison, and the figures that divide recd's rows/s by a reference's.
+RECD = "recd"
+REFERENCE = "reference"
+REFERENCE_GLOBAL = "reference_global_sort"
+SIDES = (RECD, REFERENCE, REFERENCE_GLOBAL)
+RATIOS = {
+    "etl_speed_vs_reference": REFERENCE,
+    "etl_speed_vs_reference_global_sort": REFERENCE_GLOBAL,
+}
+SORTS = {REFERENCE: "partition", REFERENCE_GLOBAL: "global"}
+CHILD_TIMEOUT_S = 3600
+# What a recd run's record keeps from its `recd etl --json` report.
+RECD_REPORT_KEYS = (
+    "rows_in",
+    "seconds",
+    "rows_per_s",
+    "bytes_out",
+    "files",
+    "row_groups_flushed_early",
+    "peak_rss_bytes",
+    "workers",
+)
 
 
-def dir_bytes(path: Path, pattern: str = "*") -> int:
-    return sum(p.stat().st_size for p in path.rglob(pattern) if p.is_file())
+def default_threads() -> int:
+    """``recd etl``'s default worker count, min(2, cores): used by both sides."""
+    return max(1, min(2, os.cpu_count() or 1))
 
 
-def run_child(argv: list[str]) -> tuple[float, int, str]:
-    """Run a child process; return (wall seconds, its peak RSS bytes, stdout)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    start = time.perf_counter()
-    proc = subprocess.run(
-        argv, capture_output=True, text=True, env={**os.environ, "RECD_PROGRESS": "0"}
-    )
-    seconds = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    # ru_maxrss of children is the max over all waited-for children: valid only when it grew.
-    return seconds, max(after, before) * 1024, proc.stdout
+def load_avg() -> list[float]:
+    """1, 5 and 15-minute load averages, rounded (recorded before and after each phase)."""
+    return [round(x, 2) for x in os.getloadavg()]
 
 
-def run_etl_child(
-    shard_dir: Path, table_dir: Path, report: Path, *, baseline: bool, row_group_rows: int
-) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "recd", "etl", str(shard_dir), "--table", str(table_dir)]
-    argv += ["--row-group-rows", str(row_group_rows), "--json", str(report)]
-    if baseline:
-        argv.append("--baseline")
-    seconds, _, _ = run_child(argv)
-    data = json.loads(report.read_text())
-    data["wall_seconds_with_startup"] = seconds
-    return data
+# ---------------------------------------------------------------- the reference (child side)
 
 
-def reference_etl(shard_dir: Path, out_dir: Path, row_group_rows: int) -> dict[str, Any]:
-    """DuckDB reference: decode all shards, sort by (session_id, ts), zstd Parquet by ds/hour."""
+@dataclass(kw_only=True, slots=True)
+class ReferenceSpec:
+    """What one reference run does (written as JSON for its child process)."""
+
+    shard_dir: Path
+    """Session shards to read (the same ones ``recd etl`` reads)."""
+    out_dir: Path
+    """Table root to write (must not exist yet)."""
+    result: Path
+    """Where the child writes its measurements (JSON)."""
+    sort: str
+    """``partition``: sort each hourly partition's rows (the same work as recd);
+    ``global``: one ORDER BY over all rows before the partitioned write."""
+    threads: int
+    """DuckDB threads and decode threads."""
+    row_group_rows: int
+    zstd_level: int
+    temp_dir: Path
+    """DuckDB's spill directory (kept out of the working tree)."""
+
+
+def reference_sql(*, sort: str, out_dir: Path, row_group_rows: int, zstd_level: int) -> str:
+    """The DuckDB statement of the reference: hourly ds/hour Hive partitions, zstd Parquet.
+
+    ``partition``: ``COPY ... ORDER_BY`` sorts each partition's rows by (session_id, ts,
+    request_id) as it writes them. ``global``: the earlier reference, an ORDER BY over all
+    rows in the query (DuckDB's partitioned write does not keep it inside a file).
+    """
+    if sort not in ("partition", "global"):
+        raise ValueError(f"sort must be 'partition' or 'global', got {sort!r}")
+    keys = f"{SESSION_ID}, {TS}, {REQUEST_ID}"
+    hours = f"strftime(epoch_ms({TS}), '%Y-%m-%d') AS ds, strftime(epoch_ms({TS}), '%H') AS hour"
+    query = f"SELECT *, {hours} FROM logs" + (f" ORDER BY {keys}" if sort == "global" else "")
+    options = [
+        "FORMAT PARQUET",
+        "COMPRESSION ZSTD",
+        f"COMPRESSION_LEVEL {zstd_level}",
+        f"ROW_GROUP_SIZE {row_group_rows}",
+        "PARTITION_BY (ds, hour)",
+    ]
+    if sort == "partition":
+        options.append(f"ORDER_BY ({keys})")
+    return f"COPY ({query}) TO '{out_dir}' ({', '.join(options)})"
+
+
+def decode_checked(frame: Frame, row_schema: pa.Schema) -> pa.RecordBatch:
+    """Decode one shard block and validate it as ``recd etl`` does (``on_bad_rows="fail"``):
+    the catalogue's columns, no null key, feature or id, ts in range."""
+    batch = decode_frame(frame)
+    check_block_schema(batch.schema, row_schema, where=frame.where)
+    codes = bad_row_codes(batch)
+    if codes.any():
+        raise bad_row_error(batch, codes, where=frame.where)
+    return batch
+
+
+def decode_shards(shard_dir: Path, threads: int) -> pa.Table:
+    """Every block of every shard, decoded and validated by ``threads`` threads, in order."""
+    row_schema = read_catalogue(shard_dir).arrow_schema().remove_metadata()
+    frames = (frame for shard in list_shards(shard_dir) for frame in iter_frames(shard))
+    with ThreadPoolExecutor(threads, thread_name_prefix="reference-decode") as pool:
+        batches = list(pool.map(lambda frame: decode_checked(frame, row_schema), frames))
+    return pa.Table.from_batches(batches, schema=row_schema)
+
+
+def reference_etl(spec: ReferenceSpec) -> dict[str, Any]:
+    """Run the reference once (in this process) and return its measurements."""
     import duckdb
 
-    start = time.perf_counter()
-    batches = [
-        block.batch
-        for path in sorted(shard_dir.glob(rawlog.SHARD_GLOB))
-        for block in rawlog.iter_shard(path)
-    ]
-    table = pa.Table.from_batches(batches)
-    decoded = time.perf_counter()
-    con = duckdb.connect()
-    con.register("logs", table)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    con.execute(
-        f"""
-        COPY (
-            SELECT *,
-                   strftime(to_timestamp(ts / 1000), '%Y-%m-%d') AS ds,
-                   strftime(to_timestamp(ts / 1000), '%H') AS hour
-            FROM logs ORDER BY session_id, ts, request_id
-        ) TO '{out_dir}' (FORMAT PARQUET, COMPRESSION ZSTD, PARTITION_BY (ds, hour),
-                          ROW_GROUP_SIZE {row_group_rows}, OVERWRITE_OR_IGNORE)
-        """
+    spec.temp_dir.mkdir(parents=True, exist_ok=True)
+    con = duckdb.connect(config={"threads": spec.threads, "temp_directory": str(spec.temp_dir)})
+    sql = reference_sql(
+        sort=spec.sort,
+        out_dir=spec.out_dir,
+        row_group_rows=spec.row_group_rows,
+        zstd_level=spec.zstd_level,
     )
+    start = time.perf_counter()
+    table = decode_shards(spec.shard_dir, spec.threads)
+    decoded = time.perf_counter()
+    con.register("logs", table)
+    con.execute(sql).fetchall()
     end = time.perf_counter()
+    threads, memory_limit = con.execute(
+        "SELECT current_setting('threads'), current_setting('memory_limit')"
+    ).fetchall()[0]
     return {
         "rows": table.num_rows,
         "seconds": end - start,
         "decode_seconds": decoded - start,
         "sort_write_seconds": end - decoded,
         "rows_per_s": table.num_rows / (end - start),
-        "bytes_out": dir_bytes(out_dir, "*.parquet"),
-        "threads": int(con.execute("SELECT current_setting('threads')").fetchone()[0]),
+        "duckdb_threads": int(threads),
+        "duckdb_memory_limit": str(memory_limit),
+        "duckdb_version": duckdb.__version__,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "sql": sql,
     }
 
 
-def encodings_summary(table_dir: Path, row_group_rows: int) -> dict[str, Any]:
-    files = sorted(table_dir.rglob("*.parquet"))
-    table = pq.read_table(files[0])
-    return measure_encodings(table, row_group_rows=row_group_rows)
+def run_reference_child(spec_path: Path) -> int:
+    """The child side of a reference run: read its spec, run it, write its measurements."""
+    raw = json.loads(spec_path.read_text())
+    spec = ReferenceSpec(
+        shard_dir=Path(raw["shard_dir"]),
+        out_dir=Path(raw["out_dir"]),
+        result=Path(raw["result"]),
+        sort=str(raw["sort"]),
+        threads=int(raw["threads"]),
+        row_group_rows=int(raw["row_group_rows"]),
+        zstd_level=int(raw["zstd_level"]),
+        temp_dir=Path(raw["temp_dir"]),
+    )
+    spec.result.write_text(json.dumps(reference_etl(spec)))
+    return 0
 
 
-def markdown(r: dict[str, Any]) -> str:
-    mb = 1e6
-    rows = [
-        ("rows", f"{r['rows']:,}"),
-        ("raw log (Arrow IPC, uncompressed)", f"{r['raw_bytes'] / mb:,.1f} MB"),
-        (
-            "shards, random key",
-            f"{r['shard_bytes_random'] / mb:,.1f} MB ({r['shard_compression_random']:.2f}x)",
-        ),
-        (
-            "shards, session key",
-            f"{r['shard_bytes_session'] / mb:,.1f} MB ({r['shard_compression_session']:.2f}x)",
-        ),
-        (
-            "**shard_compression_ratio** (random / session)",
-            f"**{r['shard_compression_ratio']:.2f}x**",
-        ),
-        (
-            "table, arrival order (baseline)",
-            f"{r['table_bytes_baseline'] / mb:,.1f} MB ({r['bytes_per_sample_baseline']:.0f} B/sample)",
-        ),
-        (
-            "table, clustered by session",
-            f"{r['table_bytes_clustered'] / mb:,.1f} MB ({r['bytes_per_sample_clustered']:.0f} B/sample)",
-        ),
-        (
-            "**table_compression_ratio** (baseline / clustered)",
-            f"**{r['table_compression_ratio']:.2f}x**",
-        ),
-        (
-            "recd etl (clustered)",
-            f"{r['etl_rows_per_s']:,.0f} rows/s ({r['etl_clustered'].get('workers', 1)} threads), "
-            f"peak RSS {r['peak_rss_bytes'] / 2**20:,.0f} MiB",
-        ),
-        (
-            "reference: DuckDB sort + zstd Parquet",
-            f"{r['reference']['rows_per_s']:,.0f} rows/s ({r['reference']['threads']} threads), peak RSS {r['reference']['peak_rss_bytes'] / 2**20:,.0f} MiB",
-        ),
-        (
-            "**etl_speed_vs_reference** (ours / reference)",
-            f"**{r['etl_speed_vs_reference']:.2f}x**",
-        ),
+# ---------------------------------------------------------------- the parent: one run per side
+
+
+@dataclass(kw_only=True, slots=True)
+class SpeedSetup:
+    """What every ETL run of one profile shares."""
+
+    shard_dir: Path
+    work: Path
+    threads: int
+    row_group_rows: int
+    zstd_level: int
+    timeout_s: float
+
+
+def recd_argv(setup: SpeedSetup, table: Path, report: Path) -> list[str]:
+    """``recd etl`` on the session shards with the protocol's row groups, zstd and threads."""
+    return [
+        sys.executable,
+        "-m",
+        "recd",
+        "etl",
+        str(setup.shard_dir),
+        "--table",
+        str(table),
+        "--row-group-rows",
+        str(setup.row_group_rows),
+        "--zstd-level",
+        str(setup.zstd_level),
+        "--workers",
+        str(setup.threads),
+        "--json",
+        str(report),
+        "--no-progress",
     ]
-    lines = ["| measure | value |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)]
-    return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="CI size: 40k rows")
-    parser.add_argument("--rows", type=int, help="rows to generate (default 1M, quick 40k)")
-    parser.add_argument("--shards", type=int, help="log-bus shards (default 64, quick 8)")
-    parser.add_argument("--row-group-rows", type=int, default=8192)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--work-dir", type=Path, help="keep the data here (default: a temp dir)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument(
-        "--reference-child", nargs=3, metavar=("SHARDS", "OUT", "RESULT"), help=argparse.SUPPRESS
-    )
-    args = parser.parse_args(argv)
+def run_child(argv: list[str], timeout_s: float) -> tuple[bool, float, str]:
+    """Run a child process; return (succeeded, wall seconds with start-up, error text)."""
+    start = time.perf_counter()
+    env = {**os.environ, "RECD_PROGRESS": "0"}
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return False, time.perf_counter() - start, f"timed out after {timeout_s:.0f} s"
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        return False, seconds, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
+    return True, seconds, ""
 
-    if args.reference_child:
-        shards, out, result = map(Path, args.reference_child)
-        result.write_text(json.dumps(reference_etl(shards, out, args.row_group_rows)))
-        return 0
 
-    rows = args.rows or (40_000 if args.quick else 1_000_000)
-    num_shards = args.shards or (8 if args.quick else 64)
-    with tempfile.TemporaryDirectory(prefix="recd-storage-") as tmp:
-        work = args.work_dir or Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
-        catalogue = load_catalogue("rm1-like")
-        print(f"generating rm1-like, ~{rows:,} rows ...", flush=True)
-        gen = generate_logs(catalogue, work / "raw", seed=args.seed, rows=rows, overwrite=True)
-        print(f"sharding into {num_shards} shards, both keys ...", flush=True)
-        shards = compare_sharding(work / "raw", work / "shards", num_shards=num_shards)
-        print("ETL clustered (session shards) and baseline (random shards) ...", flush=True)
-        clustered = run_etl_child(
-            work / "shards" / "session",
-            work / "table",
-            work / "etl_clustered.json",
-            baseline=False,
-            row_group_rows=args.row_group_rows,
+def run_side(side: str, rep: int, setup: SpeedSetup) -> tuple[dict[str, Any], Path]:
+    """One timed run of ``side``: (its record, the table it wrote)."""
+    table = setup.work / f"{side}-{rep}"
+    result = setup.work / f"{side}-{rep}.json"
+    if side == RECD:
+        argv = recd_argv(setup, table, result)
+    else:
+        spec = ReferenceSpec(
+            shard_dir=setup.shard_dir,
+            out_dir=table,
+            result=result,
+            sort=SORTS[side],
+            threads=setup.threads,
+            row_group_rows=setup.row_group_rows,
+            zstd_level=setup.zstd_level,
+            temp_dir=setup.work / "duckdb-tmp",
         )
-        baseline = run_etl_child(
-            work / "shards" / "random",
-            work / "table_baseline",
-            work / "etl_baseline.json",
+        spec_path = setup.work / f"{side}-{rep}.spec.json"
+        spec_path.write_text(json.dumps(asdict(spec), default=str))
+        argv = [sys.executable, str(Path(__file__).resolve()), "--reference-child", str(spec_path)]
+    record: dict[str, Any] = {"side": side, "rep": rep, "load_avg_before": load_avg()}
+    ok, wall_s, error = run_child(argv, setup.timeout_s)
+    record.update(ok=ok, wall_seconds_with_startup=wall_s)
+    if not ok:
+        record["error"] = error
+        return record, table
+    data = json.loads(result.read_text())
+    if side == RECD:
+        record.update({k: data[k] for k in RECD_REPORT_KEYS} | {"rows": data["rows_in"]})
+    else:
+        record.update(data)
+    return record, table
+
+
+def inspect_table(root: Path) -> dict[str, Any]:
+    """What a run wrote (untimed): rows, partitions, files, row groups, columns, bytes, and
+    whether every file holds each of its sessions as one contiguous ts-sorted run."""
+    files = sorted(root.rglob("*.parquet"))
+    partitions = sorted({f.parent.relative_to(root).as_posix() for f in files})
+    rows = row_groups = max_group = unclustered = 0
+    columns: list[str] = []
+    for path in files:
+        meta = pq.ParquetFile(path).metadata
+        rows += meta.num_rows
+        row_groups += meta.num_row_groups
+        sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        max_group = max([max_group, *sizes])
+        columns = columns or pq.read_schema(path).names
+        keys = pq.read_table(path, columns=[SESSION_ID, TS])
+        unclustered += not sessions_clustered(
+            keys.column(SESSION_ID).to_numpy(), keys.column(TS).to_numpy()
+        )
+    return {
+        "rows": rows,
+        "partitions": len(partitions),
+        "partitions_digest": hashlib.sha1("\n".join(partitions).encode()).hexdigest()[:12],
+        "files": len(files),
+        "row_groups": row_groups,
+        "max_row_group_rows": max_group,
+        "columns": columns,
+        "bytes": sum(f.stat().st_size for f in files),
+        "files_not_clustered": unclustered,
+    }
+
+
+def sessions_clustered(session_ids: np.ndarray, ts: np.ndarray) -> bool:
+    """True if each session is one contiguous run and ts never decreases inside it."""
+    if len(session_ids) == 0:
+        return True
+    same = session_ids[1:] == session_ids[:-1]
+    runs = int(np.count_nonzero(~same)) + 1
+    return runs == len(np.unique(session_ids)) and not bool(np.any(np.diff(ts)[same] < 0))
+
+
+def interleaved_order(repetitions: int, sides: tuple[str, ...], seed: int | str) -> list[list[Any]]:
+    """[rep, side] pairs: ``repetitions`` rounds, every side once per round, each round in an
+    order drawn from ``random.Random(seed)`` (so no side keeps a slot)."""
+    rng = random.Random(seed)
+    return [[rep, side] for rep in range(repetitions) for side in rng.sample(sides, len(sides))]
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    """Median, min and max of ``values`` (None each when there are none), and the values."""
+    if not values:
+        return {"median": None, "min": None, "max": None, "values": []}
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "values": values,
+    }
+
+
+def ratio_summary(ours: dict[int, float], theirs: dict[int, float]) -> dict[str, Any]:
+    """Ratio of the medians of ``ours`` / ``theirs`` (rows/s by rep) and the min-max of the
+    paired ratios of the reps where both succeeded."""
+    paired = [ours[rep] / theirs[rep] for rep in sorted(ours) if rep in theirs]
+    both = ours and theirs
+    return {
+        "ratio_of_medians": (
+            statistics.median(ours.values()) / statistics.median(theirs.values()) if both else None
+        ),
+        "paired_min": min(paired) if paired else None,
+        "paired_max": max(paired) if paired else None,
+        "paired": paired,
+    }
+
+
+def measure_speed(
+    setup: SpeedSetup, *, repetitions: int, order_seed: int | str, keep: Path
+) -> dict[str, Any]:
+    """Run every side ``repetitions`` times, interleaved in a seeded random order; summarise.
+
+    The first table recd writes is moved to ``keep`` (for the encodings summary); every other
+    output is checked and removed.
+    """
+    order = interleaved_order(repetitions, SIDES, order_seed)
+    load_before = load_avg()
+    runs: list[dict[str, Any]] = []
+    for rep, side in order:
+        print(f"  rep {rep + 1}/{repetitions}: {side} ...", flush=True)
+        record, table = run_side(side, rep, setup)
+        if record["ok"]:
+            record["table"] = inspect_table(table)
+            if side == RECD and not keep.exists():
+                table.rename(keep)
+        shutil.rmtree(table, ignore_errors=True)
+        runs.append(record)
+    load_after = load_avg()
+    sides = {side: side_summary([r for r in runs if r["side"] == side]) for side in SIDES}
+    compare_layouts(sides)
+    rates = {
+        s: {r["rep"]: r["rows_per_s"] for r in runs if r["side"] == s and r["ok"]} for s in SIDES
+    }
+    return {
+        "order": order,
+        "order_seed": order_seed,
+        "load_avg_before": load_before,
+        "load_avg_after": load_after,
+        "sides": sides,
+        "ratios": {key: ratio_summary(rates[RECD], rates[side]) for key, side in RATIOS.items()},
+        "runs": runs,
+    }
+
+
+def side_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Spread of one side's rows/s and seconds over its successful runs, failures counted."""
+    good = [r for r in runs if r["ok"]]
+    tables = [r["table"] for r in good]
+    summary: dict[str, Any] = {
+        "rows_per_s": spread([r["rows_per_s"] for r in good]),
+        "seconds": spread([r["seconds"] for r in good]),
+        "repetitions": len(runs),
+        "failed_repetitions": len(runs) - len(good),
+        "errors": [r["error"] for r in runs if not r["ok"]],
+        "peak_rss_bytes": max((r["peak_rss_bytes"] for r in good), default=None),
+        "bytes_out": spread([t["bytes"] for t in tables]),
+        "rows_in_table": sorted({t["rows"] for t in tables}),
+        "partitions": sorted({t["partitions"] for t in tables}),
+        "partitions_digest": sorted({t["partitions_digest"] for t in tables}),
+        "files": sorted({t["files"] for t in tables}),
+        "columns": sorted({tuple(t["columns"]) for t in tables}),
+        "max_row_group_rows": max((t["max_row_group_rows"] for t in tables), default=None),
+        "sessions_clustered": all(t["files_not_clustered"] == 0 for t in tables)
+        if tables
+        else None,
+    }
+    if good and "decode_seconds" in good[0]:
+        summary["decode_seconds"] = spread([r["decode_seconds"] for r in good])
+        summary["sort_write_seconds"] = spread([r["sort_write_seconds"] for r in good])
+    return summary
+
+
+def compare_layouts(sides: dict[str, dict[str, Any]]) -> None:
+    """Mark each side whose tables have recd's rows, partitions and columns (in place)."""
+    ours = sides[RECD]
+    for side in sides.values():
+        for key in ("rows_in_table", "partitions_digest", "columns"):
+            side[f"same_{key}_as_recd"] = bool(ours[key]) and side[key] == ours[key]
+
+
+# ---------------------------------------------------------------- one profile
+
+
+def measure_profile(profile: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Generate ``profile``'s log, shard it both ways, measure bytes, then ETL speed."""
+    rows, num_shards = args.rows, args.shards
+    catalogue = load_catalogue(profile)
+    print(f"[{profile}] generating ~{rows:,} rows ...", flush=True)
+    gen = generate_logs(
+        catalogue, work / "raw", seed=args.seed, rows=rows, overwrite=True, show_progress=False
+    )
+    print(f"[{profile}] sharding into {num_shards} shards, both keys ...", flush=True)
+    shards = compare_sharding(work / "raw", work / "shards", num_shards=num_shards)
+    shutil.rmtree(work / "raw")  # only the shards are read from here on
+    print(f"[{profile}] baseline ETL (random shards, arrival order; bytes only) ...", flush=True)
+    baseline = run_etl(
+        EtlConfig(
+            shard_dir=work / "shards" / "random",
+            table_dir=work / "table_baseline",
             baseline=True,
             row_group_rows=args.row_group_rows,
+            zstd_level=ZSTD_LEVEL,
+            workers=args.threads,
+            show_progress=False,
         )
-        print("reference ETL (DuckDB) ...", flush=True)
-        ref_json = work / "reference.json"
-        run_child(
-            [
-                sys.executable,
-                __file__,
-                "--row-group-rows",
-                str(args.row_group_rows),
-                "--reference-child",
-                str(work / "shards" / "session"),
-                str(work / "reference"),
-                str(ref_json),
-            ]
-        )
-        reference = json.loads(ref_json.read_text())
-        print("per-column encodings ...", flush=True)
-        encodings = encodings_summary(work / "table", args.row_group_rows)
+    )
+    print(f"[{profile}] ETL speed: {args.repetitions} interleaved repetitions ...", flush=True)
+    setup = SpeedSetup(
+        shard_dir=work / "shards" / "session",
+        work=work / "speed",
+        threads=args.threads,
+        row_group_rows=args.row_group_rows,
+        zstd_level=ZSTD_LEVEL,
+        timeout_s=args.child_timeout_s,
+    )
+    setup.work.mkdir(parents=True, exist_ok=True)
+    kept = work / "table_clustered"
+    os.sync()  # the shards and the baseline table are on disk: no writeback during the runs
+    order_seed = f"{args.order_seed}/{profile}"  # an order of its own for each profile
+    speed = measure_speed(setup, repetitions=args.repetitions, order_seed=order_seed, keep=kept)
+    bytes_clustered = speed["sides"][RECD]["bytes_out"]["median"]
+    encodings = encodings_summary(kept, args.row_group_rows) if kept.exists() else {}
+    return profile_block(
+        profile=profile,
+        gen=gen,
+        shards=shards,
+        num_shards=num_shards,
+        baseline_bytes=baseline.bytes_out,
+        baseline_rows=baseline.rows_out,
+        bytes_clustered=bytes_clustered,
+        speed=speed,
+        encodings=encodings,
+        args=args,
+    )
 
-    result: dict[str, Any] = {
-        "profile": "rm1-like",
-        "quick": args.quick,
+
+def encodings_summary(table_dir: Path, row_group_rows: int) -> dict[str, Any]:
+    """Parquet bytes per column under each encoding, on one file of a clustered table."""
+    files = sorted(table_dir.rglob("*.parquet"))
+    return measure_encodings(pq.read_table(files[0]), row_group_rows=row_group_rows)
+
+
+def profile_block(
+    *,
+    profile: str,
+    gen: Any,
+    shards: Any,
+    num_shards: int,
+    baseline_bytes: int,
+    baseline_rows: int,
+    bytes_clustered: float | None,
+    speed: dict[str, Any],
+    encodings: dict[str, Any],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """One profile's figures (flat, as before) with the speed protocol beside them."""
+    sides, ratios = speed["sides"], speed["ratios"]
+    rows_out = max(sides[RECD]["rows_in_table"], default=gen.rows)
+    block: dict[str, Any] = {
+        "profile": profile,
         "rows": gen.rows,
         "sessions": gen.sessions,
         "num_shards": num_shards,
@@ -241,27 +570,272 @@ def main(argv: list[str] | None = None) -> int:
         "shard_compression_session": shards.session.compression_ratio,
         "shard_compression_random": shards.random.compression_ratio,
         "shard_compression_ratio": shards.ratio,
-        "table_bytes_clustered": clustered["bytes_out"],
-        "table_bytes_baseline": baseline["bytes_out"],
-        "table_compression_ratio": baseline["bytes_out"] / clustered["bytes_out"],
-        "bytes_per_sample_clustered": clustered["bytes_out"] / clustered["rows_out"],
-        "bytes_per_sample_baseline": baseline["bytes_out"] / baseline["rows_out"],
-        "etl_rows_per_s": clustered["rows_per_s"],
-        "etl_seconds": clustered["seconds"],
-        "peak_rss_bytes": clustered["peak_rss_bytes"],
-        "reference": reference,
-        "etl_speed_vs_reference": clustered["rows_per_s"] / reference["rows_per_s"],
-        "reference_bytes_ratio": reference["bytes_out"] / clustered["bytes_out"],
-        "etl_clustered": clustered,
-        "etl_baseline": baseline,
-        "encodings": encodings,
-        "command": "python benchmarks/storage.py" + (" --quick" if args.quick else ""),
+        "table_bytes_baseline": baseline_bytes,
+        "table_bytes_clustered": bytes_clustered,
+        "table_compression_ratio": baseline_bytes / bytes_clustered if bytes_clustered else None,
+        "bytes_per_sample_baseline": baseline_bytes / baseline_rows,
+        "bytes_per_sample_clustered": bytes_clustered / rows_out if bytes_clustered else None,
+        "etl_rows_per_s": sides[RECD]["rows_per_s"]["median"],
+        "reference_rows_per_s": sides[REFERENCE]["rows_per_s"]["median"],
+        "reference_global_sort_rows_per_s": sides[REFERENCE_GLOBAL]["rows_per_s"]["median"],
+        "peak_rss_bytes": sides[RECD]["peak_rss_bytes"],
     }
+    for key, ratio in ratios.items():
+        block[key] = ratio["ratio_of_medians"]
+        block[f"{key}_range"] = [ratio["paired_min"], ratio["paired_max"]]
+    ref_bytes = sides[REFERENCE]["bytes_out"]["median"]
+    block["reference_bytes_ratio"] = (
+        ref_bytes / bytes_clustered if ref_bytes and bytes_clustered else None
+    )
+    block["failed_repetitions"] = {side: sides[side]["failed_repetitions"] for side in SIDES}
+    block["etl_speed"] = {"protocol": speed_protocol(gen.rows, sides, speed, args), **speed}
+    block["encodings"] = encodings
+    return block
+
+
+def speed_protocol(
+    rows_read: int, sides: dict[str, Any], speed: dict[str, Any], args: argparse.Namespace
+) -> dict[str, Any]:
+    """How the speed figures were measured, next to them."""
+    sql = {
+        side: reference_sql(
+            sort=SORTS[side],
+            out_dir=Path("OUT"),
+            row_group_rows=args.row_group_rows,
+            zstd_level=ZSTD_LEVEL,
+        )
+        for side in (REFERENCE, REFERENCE_GLOBAL)
+    }
+    return {
+        "rows_read": rows_read,
+        "rows_in_table": sides[RECD]["rows_in_table"],
+        "repetitions": args.repetitions,
+        "threads": args.threads,
+        "row_group_rows": args.row_group_rows,
+        "zstd_level": ZSTD_LEVEL,
+        "order": speed["order"],
+        "order_seed": speed["order_seed"],
+        "load_avg_before": speed["load_avg_before"],
+        "load_avg_after": speed["load_avg_after"],
+        "command": args.command,
+        "side_commands": {
+            RECD: "python -m recd etl SHARDS --table OUT "
+            f"--row-group-rows {args.row_group_rows} --zstd-level {ZSTD_LEVEL} "
+            f"--workers {args.threads} --json REPORT --no-progress",
+            REFERENCE: "decode + validate shards on "
+            f"{args.threads} threads (recd.etl.validate), then DuckDB: {sql[REFERENCE]}",
+            REFERENCE_GLOBAL: "decode + validate shards on "
+            f"{args.threads} threads (recd.etl.validate), then DuckDB: {sql[REFERENCE_GLOBAL]}",
+        },
+        "timing": "in-process seconds from reading the shards to the last file written; "
+        "interpreter start-up and imports excluded (wall_seconds_with_startup per run)",
+        "nullability": "recd writes REQUIRED columns; DuckDB writes OPTIONAL ones from an "
+        "Arrow scan (both reject null rows in validation)",
+    }
+
+
+# ---------------------------------------------------------------- output
+
+
+def fmt_rate(side: dict[str, Any]) -> str:
+    rate = side["rows_per_s"]
+    if rate["median"] is None:
+        return "n/a (every repetition failed)"
+    return f"{rate['median']:,.0f} rows/s ({rate['min']:,.0f}-{rate['max']:,.0f})"
+
+
+def fmt_ratio(block: dict[str, Any], key: str) -> str:
+    value, (lo, hi) = block[key], block[f"{key}_range"]
+    if value is None:
+        return "n/a"
+    paired = "" if lo is None else f" ({lo:.2f}-{hi:.2f}x)"
+    return f"**{value:.2f}x**{paired}"
+
+
+def fmt_flag(value: bool | None) -> str:
+    return "n/a" if value is None else ("yes" if value else "no")
+
+
+def fmt_bytes(nbytes: float | None, per_sample: float | None) -> str:
+    if nbytes is None or per_sample is None:
+        return "n/a"
+    return f"{nbytes / 1e6:,.1f} MB ({per_sample:.0f} B/sample)"
+
+
+def profile_rows(b: dict[str, Any]) -> list[tuple[str, str]]:
+    """(measure, value) rows of one profile's column."""
+    sides = b["etl_speed"]["sides"]
+    mib = 2**20
+    return [
+        ("rows (sessions)", f"{b['rows']:,} ({b['sessions']:,})"),
+        ("raw log (Arrow IPC, uncompressed)", f"{b['raw_bytes'] / 1e6:,.1f} MB"),
+        (
+            "shards, random key",
+            f"{b['shard_bytes_random'] / 1e6:,.1f} MB ({b['shard_compression_random']:.2f}x)",
+        ),
+        (
+            "shards, session key",
+            f"{b['shard_bytes_session'] / 1e6:,.1f} MB ({b['shard_compression_session']:.2f}x)",
+        ),
+        (
+            "**shard_compression_ratio** (random / session)",
+            f"**{b['shard_compression_ratio']:.2f}x**",
+        ),
+        (
+            "table, arrival order (baseline)",
+            fmt_bytes(b["table_bytes_baseline"], b["bytes_per_sample_baseline"]),
+        ),
+        (
+            "table, clustered by session",
+            fmt_bytes(b["table_bytes_clustered"], b["bytes_per_sample_clustered"]),
+        ),
+        (
+            "**table_compression_ratio** (baseline / clustered)",
+            "n/a"
+            if b["table_compression_ratio"] is None
+            else f"**{b['table_compression_ratio']:.2f}x**",
+        ),
+        ("recd etl, median (min-max)", fmt_rate(sides[RECD])),
+        ("DuckDB, same work: sort per hourly partition", fmt_rate(sides[REFERENCE])),
+        (
+            "**etl_speed_vs_reference** (ratio of medians; paired min-max)",
+            fmt_ratio(b, "etl_speed_vs_reference"),
+        ),
+        ("DuckDB, global ORDER BY (earlier reference)", fmt_rate(sides[REFERENCE_GLOBAL])),
+        (
+            "etl_speed_vs_reference_global_sort (secondary)",
+            fmt_ratio(b, "etl_speed_vs_reference_global_sort").replace("**", ""),
+        ),
+        (
+            "peak RSS: recd / DuckDB same work",
+            " / ".join(
+                "n/a" if s["peak_rss_bytes"] is None else f"{s['peak_rss_bytes'] / mib:,.0f} MiB"
+                for s in (sides[RECD], sides[REFERENCE])
+            ),
+        ),
+        (
+            "sessions clustered in every file (recd / same work / global)",
+            " / ".join(fmt_flag(sides[s]["sessions_clustered"]) for s in SIDES),
+        ),
+        (
+            "failed repetitions (recd / same work / global)",
+            " / ".join(str(b["failed_repetitions"][s]) for s in SIDES),
+        ),
+    ]
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The table (one column per profile) and its protocol; no heading line (the README
+    embeds it under its own)."""
+    blocks = [result["profiles"][p] for p in result["protocol"]["profiles"]]
+    columns = [profile_rows(b) for b in blocks]
+    header = "| measure | " + " | ".join(b["profile"] for b in blocks) + " |"
+    lines = [header, "|---|" + "---|" * len(blocks)]
+    for i, (name, _) in enumerate(columns[0]):
+        lines.append(f"| {name} | " + " | ".join(col[i][1] for col in columns) + " |")
+    p = result["protocol"]
+    note = (
+        f"ETL speed: {p['repetitions']} repetitions per side, each in its own process, "
+        f"interleaved in a random order (seed {p['order_seed']}/profile); {p['threads']} "
+        "threads on "
+        "every side; rows/s = rows read / seconds from reading the shards to the last file "
+        "written. Same work: the reference decodes and validates the same shards with recd's "
+        "code on the same threads, then DuckDB writes the same hourly partitions (zstd level "
+        f"{ZSTD_LEVEL}, row groups of {p['row_group_rows']:,}) with each partition sorted by "
+        "(session_id, ts, request_id). Load average (1 min) "
+        f"{p['load_avg_before'][0]:.2f} before, {p['load_avg_after'][0]:.2f} after."
+    )
+    return f"Command: `{p['command']}`\n\n" + "\n".join(lines) + f"\n\n{note}\n"
+
+
+def top_level(blocks: dict[str, dict[str, Any]], protocol: dict[str, Any]) -> dict[str, Any]:
+    """The JSON: rm1-like's flat figures (the headline) at the top, every profile nested."""
+    head = blocks.get(HEADLINE_PROFILE) or next(iter(blocks.values()))
+    flat = {k: v for k, v in head.items() if k not in ("etl_speed", "encodings")}
+    return {
+        "benchmark": "storage",
+        **flat,
+        "headline_profile": head["profile"],
+        "protocol": protocol,
+        "profiles": blocks,
+    }
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="CI size: 40k rows per profile")
+    parser.add_argument(
+        "--profile",
+        nargs="+",
+        choices=PROFILES,
+        default=list(PROFILES),
+        help="profiles to measure (default: both)",
+    )
+    parser.add_argument("--rows", type=int, help="rows per profile (default 1M, quick 40k)")
+    parser.add_argument("--shards", type=int, help="log-bus shards (default 64, quick 8)")
+    parser.add_argument("--repetitions", type=int, default=3, help="runs per side (>= 3)")
+    parser.add_argument(
+        "--threads", type=int, default=default_threads(), help="threads per side (recd's default)"
+    )
+    parser.add_argument("--row-group-rows", type=int, default=8192)
+    parser.add_argument("--seed", type=int, default=1, help="data seed")
+    parser.add_argument("--order-seed", type=int, default=1, help="seed of the run order")
+    parser.add_argument("--child-timeout-s", type=float, default=CHILD_TIMEOUT_S)
+    parser.add_argument("--work-dir", type=Path, help="keep the data here (default: a temp dir)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--reference-child", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.repetitions < 1 or args.threads < 1:
+        parser.error("--repetitions and --threads must be >= 1")
+    args.rows = args.rows or (QUICK_ROWS if args.quick else FULL_ROWS)
+    args.shards = args.shards or (QUICK_SHARDS if args.quick else FULL_SHARDS)
+    given = sys.argv[1:] if argv is None else argv
+    args.command = " ".join(["python benchmarks/storage.py", *given])
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.reference_child:
+        return run_reference_child(args.reference_child)
+    load_before = load_avg()
+    blocks: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="recd-storage-") as tmp:
+        root = args.work_dir or Path(tmp)
+        for profile in args.profile:
+            work = root / profile
+            shutil.rmtree(work, ignore_errors=True)
+            work.mkdir(parents=True)
+            blocks[profile] = measure_profile(profile, args, work)
+            if args.work_dir is None:
+                shutil.rmtree(work, ignore_errors=True)
+    protocol = {
+        "profiles": list(args.profile),
+        "rows_requested": args.rows,
+        "num_shards": args.shards,
+        "repetitions": args.repetitions,
+        "threads": args.threads,
+        "row_group_rows": args.row_group_rows,
+        "zstd_level": ZSTD_LEVEL,
+        "seed": args.seed,
+        "order_seed": args.order_seed,
+        "cpu_count": os.cpu_count(),
+        "load_avg_before": load_before,
+        "load_avg_after": load_avg(),
+        "command": args.command,
+        "quick": args.quick,
+    }
+    result = top_level(blocks, protocol)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "storage_quick" if args.quick else "storage"
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     table = markdown(result)
-    (args.out / f"{stem}.md").write_text(f"Command: `{result['command']}`\n\n{table}")
+    (args.out / f"{stem}.md").write_text(table)
     print(table)
     return 0
 
