@@ -10,24 +10,34 @@ Model: the plain DLRM (``kind = "dlrm"``) of that catalogue with embedding width
 batch 256, one intra-op thread (``--threads``).
 
 1. **Stall, in one run.** Three trainers of the same config and seed (same weights, same
-   batches) live in one process and take turns, one segment of ``--every`` steps at a time:
-   *off* (no checkpoints), *checkpoint* (the real :class:`recd.train.checkpointing.Checkpointer`
-   at cadence ``--every``: sample audit + reader state on the training thread, the snapshot
-   copy on the writer thread overlapping the next forward pass, then sidecars, ``O_DIRECT``
+   batches) live in one process and take turns, one segment of 100 steps (``--quick``: 20)
+   at a time: *off* (no checkpoints), *checkpoint* (the real
+   :class:`recd.train.checkpointing.Checkpointer` at cadence 100: sample audit + reader state
+   on the training thread, the snapshot copy on the writer thread overlapping the next
+   forward pass, then sidecars, ``O_DIRECT``
    temp file, fsync, rename, retention in the background) and *raw* (a raw ``O_DIRECT``
    write + fsync of the same bytes on a background thread at the same steps: what any writer
    of these bytes costs here). Segments run from step 50 to 150, 150 to 250, ..., so each
    checkpoint falls half-way through a segment and its background write ends inside it (a
    write still running at the segment's end is waited for, and counted). Segment i of the
-   three trainers covers the same steps on the same batches, moments apart, in alternating
-   order: the variation of the work between segments and the drift of the machine's load
-   cancel. ``stall_fraction = sum(checkpoint segments) / sum(off segments) - 1``: the extra
-   wall time of training with a checkpoint every ``--every`` steps, relative to training
-   without (CheckFreq's "overhead"), the background write's competition for cores and memory
-   included. ``blocked_fraction``: the training thread's own checkpoint time (audit, reader
-   state, waiting for the snapshot copy or for a previous write) over the training time;
-   ``train_thread_cpu_excess``: the training thread's extra CPU time (robust to other
-   processes' load).
+   three trainers covers the same steps on the same batches, moments apart (a paired
+   comparison: the variation of the work between segments and slow drift of the machine's
+   load cancel), in an order drawn at random for each segment (``--orders-seed``; the orders
+   are in the JSON), so no trainer keeps a favourable slot. Segment 0 (steps 1 to 50, no
+   checkpoint) is a declared warm-up, recorded but not counted; every timed segment counts.
+   ``stall_fraction = sum(checkpoint segments) / sum(off segments) - 1``: the extra wall time
+   of training with a checkpoint every 100 steps, relative to training without (CheckFreq's
+   "overhead"), the background write's competition for cores and memory included; with a 95%
+   interval over the paired segments (Student t on the linearised ratio, see
+   ``INTERVAL_METHOD``; a bootstrap over segments beside it). The headline is its upper end,
+   ``stall_fraction_upper95``: the target is met only if that is <= 0.02. The same for the
+   raw write (``raw_write_stall_fraction``, a reference), and ``blocked_fraction``: the
+   training thread's own checkpoint time (audit, reader state, waiting for the snapshot copy
+   or for a previous write) over the training time, a lower bound of the stall;
+   ``train_thread_cpu_excess``: the training thread's extra CPU time. Noise: a step is 13
+   ms and a segment's wall time varies by ~10% on a shared 2-core VM even for identical
+   work, so the interval narrows only with more segments (``--blocks``; the default, 120,
+   keeps the full run near 10 minutes on 2 quiet cores).
 2. **Write bandwidth.** ``write_bw_vs_raw`` = bytes / time the writer spent on the checkpoint
    file (temp file, sequential writes, fsync, rename, fsync dir) during training, over bytes /
    time of the raw background writes of the same bytes during training (same directory, same
@@ -38,14 +48,16 @@ batch 256, one intra-op thread (``--threads``).
    model and Adam, reader position, RNG), first step.
 
 Writes benchmarks/results/checkpoint.json and checkpoint.md (``--quick``: checkpoint_quick.*).
-Targets (measured, not asserted): stall_fraction <= 0.02, write_bw_vs_raw >= 0.7.
+Targets (measured, not asserted): stall_fraction_upper95 <= 0.02, write_bw_vs_raw >= 0.7.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -75,14 +87,16 @@ class Size:
 
 
 FULL = Size(
-    profile="small", sessions=None, embedding_dim=32, max_rows=100_000, every=100, blocks=20
+    profile="small", sessions=None, embedding_dim=32, max_rows=100_000, every=100, blocks=120
 )
+"""120 segments: ~3 x 1.35 s of training each (13 ms steps), ~8 min of the ~10 min run."""
 QUICK = Size(profile="tiny", sessions=600, embedding_dim=8, max_rows=1000, every=20, blocks=3)
+BATCH_SIZE = 256
 
 CONFIG = """
 [reader]
 table = "{table}"
-batch_size = 256
+batch_size = {batch_size}
 shuffle = "session"
 num_epochs = 1000
 
@@ -145,6 +159,7 @@ def write_config(
             run_dir=run_dir,
             embedding_dim=size.embedding_dim,
             max_rows=size.max_rows,
+            batch_size=BATCH_SIZE,
             steps=steps,
             threads=threads,
         )
@@ -199,11 +214,33 @@ class StepsOnly:
         self.hook.after_step(trainer, step, loss)
 
 
-def measure_stall(config_path: Path, size: Size) -> dict[str, Any]:
-    """Three identical trainers (same seed: same weights, same batches) take turns, one
-    segment of ``every`` steps at a time; each segment holds one checkpoint (or raw write) of
-    the trainers that make them, half-way through, so its background write ends inside the
-    segment. Segment i of every trainer trains on the same batches, moments apart."""
+def segment_orders(segments: int, seed: int) -> list[list[str]]:
+    """The order of the three trainers in each of ``segments`` segments, each drawn
+    independently and uniformly from the 6 permutations (``random.Random(seed)``): no trainer
+    holds a fixed slot, so a slot's advantage (a warmer cache, the load drifting within a
+    segment) falls on each trainer alike, and on average cancels."""
+    rng = random.Random(seed)
+    return [rng.sample(KINDS, len(KINDS)) for _ in range(segments)]
+
+
+@dataclass
+class StallRig:
+    """The three trainers of the stall measurement and the hooks that checkpoint or write."""
+
+    trainers: dict[str, Any]
+    checkpointer: Any
+    raw: RawWriter
+
+    def close(self) -> None:
+        self.checkpointer.close(raise_errors=False)
+        for trainer in self.trainers.values():
+            trainer.close()
+
+
+def build_rig(config_path: Path, every: int) -> StallRig:
+    """Three trainers of the same config and seed (same weights, same batches), each with its
+    own run directory: *off*, *checkpoint* (a real Checkpointer at cadence ``every``) and
+    *raw* (a raw write of the checkpoint's bytes at the same steps)."""
     import shutil
 
     from recd.train.checkpointing import Checkpointer
@@ -217,7 +254,7 @@ def measure_stall(config_path: Path, size: Size) -> dict[str, Any]:
         config = load_train_config(config_path)
         config.train.run_dir = config.train.run_dir.parent / f"{config.train.run_dir.name}-{kind}"
         shutil.rmtree(config.train.run_dir, ignore_errors=True)
-        config.checkpoint.checkpoint_every = size.every
+        config.checkpoint.checkpoint_every = every
         trainer = Trainer(config, show_progress=False)
         if kind == "checkpoint":
             checkpointer = Checkpointer(config)
@@ -225,75 +262,218 @@ def measure_stall(config_path: Path, size: Size) -> dict[str, Any]:
             trainer.hooks.append(StepsOnly(checkpointer))
         elif kind == "raw":
             config.train.run_dir.mkdir(parents=True)
-            raw = RawWriter(config.train.run_dir, 0, size.every)  # sized below
+            raw = RawWriter(config.train.run_dir, 0, every)  # sized below
             trainer.hooks.append(raw)
         trainers[kind] = trainer
     assert checkpointer is not None and raw is not None
-    n_params = checkpointer.layout.n_params
-    raw.size_bytes = 8 + 12 * n_params
+    raw.size_bytes = 8 + 12 * checkpointer.layout.n_params
     raw.image = random_image(raw.size_bytes)
-    segments: list[dict[str, Any]] = []
-    try:
-        half = size.every // 2
-        for i in range(size.blocks + 1):  # segment 0 (to step every/2): warm-up, dropped
-            end = half + i * size.every
-            order = KINDS if i % 2 == 0 else KINDS[::-1]
-            for kind in order:
-                trainer = trainers[kind]
-                trainer.config.train.steps = end
-                blocked_began = checkpointer.stats.blocked_s
-                began = time.perf_counter()
-                cpu_began = time.thread_time()
-                trainer.train()
-                if kind == "checkpoint":
-                    checkpointer.wait()  # its write belongs to this segment
-                elif kind == "raw":
-                    raw.wait()
-                if i > 0:
-                    segments.append(
-                        {
-                            "segment": i,
-                            "kind": kind,
-                            "steps": [end - size.every + 1, end],
-                            "wall_s": time.perf_counter() - began,
-                            "train_thread_cpu_s": time.thread_time() - cpu_began,
-                            "blocked_s": checkpointer.stats.blocked_s - blocked_began,
-                        }
-                    )
-        checkpointer.close()
-    finally:
-        checkpointer.close(raise_errors=False)
-        for trainer in trainers.values():
-            trainer.close()
-    stats = checkpointer.stats
-    wall = {k: [r["wall_s"] for r in segments if r["kind"] == k] for k in KINDS}
-    cpu = {k: [r["train_thread_cpu_s"] for r in segments if r["kind"] == k] for k in KINDS}
-    blocked = [r["blocked_s"] for r in segments if r["kind"] == "checkpoint"]
-    per_segment = [(b - a) / a for a, b in zip(wall["off"], wall["checkpoint"], strict=True)]
-    off_total = sum(wall["off"])
+    return StallRig(trainers=trainers, checkpointer=checkpointer, raw=raw)
+
+
+def run_segment(rig: StallRig, kind: str, end_step: int) -> dict[str, float]:
+    """Train ``kind``'s trainer up to ``end_step`` and wait for its background write (a write
+    still running at the segment's end belongs to this segment, and is counted)."""
+    trainer = rig.trainers[kind]
+    trainer.config.train.steps = end_step
+    blocked_began = rig.checkpointer.stats.blocked_s
+    began = time.perf_counter()
+    cpu_began = time.thread_time()
+    trainer.train()
+    if kind == "checkpoint":
+        rig.checkpointer.wait()
+    elif kind == "raw":
+        rig.raw.wait()
     return {
-        "n_params": n_params,
-        "checkpoint_bytes": 8 + 12 * n_params,
+        "wall_s": time.perf_counter() - began,
+        "train_thread_cpu_s": time.thread_time() - cpu_began,
+        "blocked_s": rig.checkpointer.stats.blocked_s - blocked_began,
+    }
+
+
+def run_segments(rig: StallRig, size: Size, orders: list[list[str]]) -> list[dict[str, Any]]:
+    """Every segment's three runs, back to back in ``orders[i]``; segment 0 (steps 1 to
+    ``every / 2``, no checkpoint in it) is the warm-up, recorded with ``warmup: true``."""
+    records: list[dict[str, Any]] = []
+    half = size.every // 2
+    t0 = time.perf_counter()
+    for i, order in enumerate(orders):
+        end = half + i * size.every
+        for position, kind in enumerate(order):
+            began_s = time.perf_counter() - t0
+            timing = run_segment(rig, kind, end)
+            records.append(
+                {
+                    "segment": i,
+                    "kind": kind,
+                    "position": position,
+                    "warmup": i == 0,
+                    "steps": [max(1, end - size.every + 1), end],
+                    "began_s": began_s,
+                    **timing,
+                }
+            )
+    return records
+
+
+def measure_stall(config_path: Path, size: Size, orders_seed: int) -> dict[str, Any]:
+    """Three identical trainers (same seed: same weights, same batches) take turns, one
+    segment of ``every`` steps at a time, in an order drawn at random per segment; each
+    segment holds one checkpoint (or raw write) of the trainers that make them, half-way
+    through, so its background write ends inside the segment. Segment i of every trainer
+    trains on the same batches, moments apart: a paired comparison."""
+    orders = segment_orders(size.blocks + 1, orders_seed)
+    rig = build_rig(config_path, size.every)
+    load_before = os.getloadavg()
+    try:
+        records = run_segments(rig, size, orders)
+        rig.checkpointer.close()
+    finally:
+        rig.close()
+    stats = rig.checkpointer.stats
+    timed = [r for r in records if not r["warmup"]]
+    return {
+        "n_params": rig.checkpointer.layout.n_params,
+        "checkpoint_bytes": rig.raw.size_bytes,
         "every_steps": size.every,
-        "segments": segments,
-        "step_s": off_total / (len(wall["off"]) * size.every),
-        "stall_fraction": sum(wall["checkpoint"]) / off_total - 1.0,
-        "stall_fraction_per_segment": per_segment,
-        "stall_fraction_median": statistics.median(per_segment),
-        "raw_write_stall_fraction": sum(wall["raw"]) / off_total - 1.0,
-        "train_thread_cpu_excess": sum(cpu["checkpoint"]) / sum(cpu["off"]) - 1.0,
-        "blocked_fraction": sum(blocked) / off_total,
-        "blocked_s_median": statistics.median(blocked),
+        "rows_in_table": rig.trainers["off"].loader.plan.num_rows,
+        "orders_seed": orders_seed,
+        "orders": orders,
+        "load_avg_before": load_before,
+        "load_avg_after": os.getloadavg(),
+        "segments": timed,
+        "warmup_segments": [r for r in records if r["warmup"]],
+        **summarise_stall(timed, size.every),
         "wait_s_total": stats.wait_s,
         "guard_wait_s_total": stats.guard_wait_s,
         "checkpoints": stats.checkpoints,
         "write_s": stats.write_s,
         "file_write_s": stats.file_write_s,
         "write_cpu_s": stats.write_cpu_s,
-        "raw_in_training_write_s": raw.seconds,
+        "raw_in_training_write_s": rig.raw.seconds,
         "bytes_written": stats.bytes_written,
-        "run_dir": str(checkpointer.run_dir),
+        "run_dir": str(rig.checkpointer.run_dir),
     }
+
+
+def summarise_stall(segments: list[dict[str, Any]], every: int) -> dict[str, Any]:
+    """The stall figures from the timed segments (all of them: none is dropped or trimmed)."""
+    wall = {k: [r["wall_s"] for r in segments if r["kind"] == k] for k in KINDS}
+    cpu = {k: [r["train_thread_cpu_s"] for r in segments if r["kind"] == k] for k in KINDS}
+    blocked = [r["blocked_s"] for r in segments if r["kind"] == "checkpoint"]
+    per_segment = [(b - a) / a for a, b in zip(wall["off"], wall["checkpoint"], strict=True)]
+    stall = paired_ratio_interval(wall["off"], wall["checkpoint"])
+    raw = paired_ratio_interval(wall["off"], wall["raw"])
+    off_total = sum(wall["off"])
+    return {
+        "step_s": off_total / (len(wall["off"]) * every),
+        "stall_fraction": stall["point"],
+        "stall_fraction_ci95": stall["ci95"],
+        "stall_fraction_upper95": stall["ci95"][1],
+        "stall_fraction_se": stall["se"],
+        "stall_fraction_bootstrap_ci95": stall["bootstrap_ci95"],
+        "stall_interval": stall,
+        "stall_fraction_per_segment": per_segment,
+        "stall_fraction_median": statistics.median(per_segment),
+        "stall_fraction_by_order": stall_by_order(segments),
+        "raw_write_stall_fraction": raw["point"],
+        "raw_write_stall_fraction_ci95": raw["ci95"],
+        "raw_write_interval": raw,
+        "train_thread_cpu_excess": sum(cpu["checkpoint"]) / sum(cpu["off"]) - 1.0,
+        "blocked_fraction": sum(blocked) / off_total,
+        "blocked_s_median": statistics.median(blocked),
+    }
+
+
+def stall_by_order(segments: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Mean per-segment stall where the checkpointing trainer ran before / after *off* (a
+    check that the slot does not decide the result; both halves stay in the headline)."""
+    by_segment: dict[int, dict[str, dict[str, Any]]] = {}
+    for r in segments:
+        by_segment.setdefault(r["segment"], {})[r["kind"]] = r
+    groups: dict[str, list[float]] = {"checkpoint_before_off": [], "checkpoint_after_off": []}
+    for runs in by_segment.values():
+        off, ckpt = runs["off"], runs["checkpoint"]
+        key = "before" if ckpt["position"] < off["position"] else "after"
+        groups[f"checkpoint_{key}_off"].append(ckpt["wall_s"] / off["wall_s"] - 1.0)
+    return {
+        k: {"segments": len(v), "mean": statistics.fmean(v) if v else math.nan}
+        for k, v in groups.items()
+    }
+
+
+# ---------------------------------------------------------------------------- statistics
+INTERVAL_METHOD = (
+    "paired per segment: ratio R = sum(treated) / sum(off) - 1 = mean(d) / mean(off) with "
+    "d_i = treated_i - off_i; 95% Student-t interval (n - 1 degrees of freedom) on the "
+    "linearised ratio (delta method): standard error = stdev(d_i - R * off_i) / sqrt(n) / "
+    "mean(off), which is stdev(d_i) / sqrt(n) / mean(off) when R = 0; every segment counted. "
+    "Cross-check: percentile bootstrap over segments (ratio of sums)"
+)
+BOOTSTRAP_RESAMPLES = 10_000
+
+
+def paired_ratio_interval(
+    off_s: list[float], treated_s: list[float], *, seed: int = 0
+) -> dict[str, Any]:
+    """``treated / off - 1`` over paired segments, with a 95% t-interval (delta method) and a
+    percentile-bootstrap cross-check; see :data:`INTERVAL_METHOD`. Needs >= 2 segments."""
+    import numpy as np
+
+    n = len(off_s)
+    if n < 2 or len(treated_s) != n:
+        raise ValueError(f"paired_ratio_interval: need >= 2 paired segments, got {n}")
+    off, treated = np.asarray(off_s), np.asarray(treated_s)
+    diffs = treated - off
+    ratio = float(diffs.mean() / off.mean())
+    se = float(np.std(diffs - ratio * off, ddof=1) / math.sqrt(n) / off.mean())
+    t = t_quantile(0.975, n - 1)
+    picks = np.random.default_rng(seed).integers(0, n, size=(BOOTSTRAP_RESAMPLES, n))
+    boot = diffs[picks].sum(axis=1) / off[picks].sum(axis=1)
+    return {
+        "method": INTERVAL_METHOD,
+        "segments": n,
+        "point": ratio,
+        "se": se,
+        "t_975": t,
+        "ci95": [ratio - t * se, ratio + t * se],
+        "bootstrap_ci95": [float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))],
+        "bootstrap_resamples": BOOTSTRAP_RESAMPLES,
+    }
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile (0.5 < p < 1) of Student's t with ``df`` degrees of freedom, by
+    bisection on its exact distribution function (scipy is not a dependency)."""
+    if not 0.5 < p < 1 or df < 1:
+        raise ValueError(f"t_quantile: need 0.5 < p < 1 and df >= 1, got p={p}, df={df}")
+    mass = 2 * p - 1  # P(|T| <= t)
+    lo, hi = 0.0, 1.0
+    while t_central_mass(hi, df) < mass:
+        lo, hi = hi, 2 * hi
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_central_mass(mid, df) < mass else (lo, mid)
+    return (lo + hi) / 2
+
+
+def t_central_mass(t: float, df: int) -> float:
+    """``P(|T| <= t)`` for Student's t with integer ``df`` (Abramowitz & Stegun 26.7.3-4)."""
+    theta = math.atan(t / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2 == 0:  # sin(theta) * (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ... + cos^(df-2))
+        term = total = 1.0
+        for k in range(2, df - 1, 2):
+            term *= (k - 1) / k * c2
+            total += term
+        return math.sin(theta) * total
+    if df == 1:
+        return 2 / math.pi * theta
+    term = total = math.cos(theta)  # cos + 2/3 cos^3 + 2*4/(3*5) cos^5 + ... + cos^(df-2)
+    for k in range(3, df - 1, 2):
+        term *= (k - 1) / k * c2
+        total += term
+    return 2 / math.pi * (theta + math.sin(theta) * total)
 
 
 def random_image(size_bytes: int) -> Any:
@@ -422,7 +602,7 @@ def measure_resume(config_path: Path, *, fresh_process: bool) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- report
-def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+def run(args: argparse.Namespace, work: Path, command: str) -> dict[str, Any]:
     load_before = os.getloadavg()
     size = QUICK if args.quick else FULL
     if args.blocks is not None:
@@ -434,12 +614,77 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     shutil.rmtree(run_dir, ignore_errors=True)
     steps = size.every * (size.blocks + 1)
     config = write_config(work / "bench.toml", table, run_dir, size, steps, args.threads)
-    stall = measure_stall(config, size)
-    size_bytes = stall["checkpoint_bytes"]
+    stall = measure_stall(config, size, args.orders_seed)
+    run_dir = Path(stall["run_dir"])  # the checkpointing trainer's
+    write, write_bw_vs_raw = measure_write(stall, run_dir, args.raw_reps)
+    config = write_config(work / "resume.toml", table, run_dir, size, steps, args.threads)
+    resume = measure_resume(config, fresh_process=not args.quick)
+    load_after = os.getloadavg()
+    return {
+        "size": size.__dict__,
+        "threads": args.threads,
+        "protocol": protocol(stall, size, args, command, (load_before, load_after)),
+        "stall": stall,
+        "stall_fraction_upper95": stall["stall_fraction_upper95"],
+        "stall_fraction": stall["stall_fraction"],
+        "stall_fraction_ci95": stall["stall_fraction_ci95"],
+        "stall_target_met": stall["stall_fraction_upper95"] <= TARGET_STALL,
+        "raw_write_stall_fraction": stall["raw_write_stall_fraction"],
+        "raw_write_stall_fraction_ci95": stall["raw_write_stall_fraction_ci95"],
+        "blocked_fraction": stall["blocked_fraction"],
+        "write": write,
+        "write_bw_vs_raw": write_bw_vs_raw,
+        "resume": resume,
+        "targets": {"stall_fraction_upper95": TARGET_STALL, "write_bw_vs_raw": TARGET_BW},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_avg_before": load_before,
+            "load_avg": load_after,
+        },
+    }
+
+
+def protocol(
+    stall: dict[str, Any],
+    size: Size,
+    args: argparse.Namespace,
+    command: str,
+    load: tuple[tuple[float, float, float], tuple[float, float, float]],
+) -> dict[str, Any]:
+    """How the stall figures were taken, beside them (see benchmarks' measuring rules)."""
+    steps_per_trainer = size.every // 2 + size.blocks * size.every
+    return {
+        "segments": size.blocks,
+        "steps_per_segment": size.every,
+        "checkpoint_every_steps": size.every,
+        "checkpoints_per_segment": 1,
+        "warmup_segment_steps": size.every // 2,
+        "trainers": list(KINDS),
+        "batch_size": BATCH_SIZE,
+        "rows_read_per_trainer": steps_per_trainer * BATCH_SIZE,
+        "rows_in_table": stall["rows_in_table"],
+        "threads": args.threads,
+        "order": "each segment's (off, checkpoint, raw) order drawn independently and "
+        "uniformly from the 6 permutations: random.Random(orders_seed).sample per segment",
+        "orders_seed": stall["orders_seed"],
+        "interval": INTERVAL_METHOD,
+        "dropped_segments": 0,
+        "load_avg_before": load[0],
+        "load_avg_after": load[1],
+        "load_avg_stall_before": stall["load_avg_before"],
+        "load_avg_stall_after": stall["load_avg_after"],
+        "command": command,
+    }
+
+
+def measure_write(
+    stall: dict[str, Any], run_dir: Path, raw_reps: int
+) -> tuple[dict[str, Any], float]:
+    """Write bandwidth of the checkpoint file during training and idle, against raw writes of
+    the same bytes; and ``write_bw_vs_raw`` (both during training)."""
     from recd.checkpoint import newest_valid_checkpoint
 
-    run_dir = Path(stall["run_dir"])  # the checkpointing trainer's
-    config = write_config(work / "resume.toml", table, run_dir, size, steps, args.threads)
+    size_bytes = stall["checkpoint_bytes"]
     newest = newest_valid_checkpoint(run_dir)
     assert newest is not None
     image = random_image(size_bytes)
@@ -448,7 +693,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     raw: list[float] = []
     raw_direct: list[float] = []
     idle: list[float] = []
-    for _ in range(args.raw_reps):  # interleaved: all three see the same disk weather
+    for _ in range(raw_reps):  # interleaved: all three see the same disk weather
         raw += raw_write_s(run_dir, image, size_bytes, 1, direct=False)
         raw_direct += raw_write_s(run_dir, image, size_bytes, 1, direct=True)
         idle += idle_checkpoint_write_s(run_dir, newest, 1)
@@ -456,53 +701,52 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     idle_bw = size_bytes / statistics.median(idle)
     train_bw = size_bytes / statistics.median(stall["file_write_s"])
     raw_train_bw = size_bytes / statistics.median(stall["raw_in_training_write_s"])
-    resume = measure_resume(config, fresh_process=not args.quick)
-    return {
-        "size": size.__dict__,
-        "threads": args.threads,
-        "stall": stall,
-        "stall_fraction": stall["stall_fraction"],
-        "blocked_fraction": stall["blocked_fraction"],
-        "write": {
-            "raw_idle_write_s": raw,
-            "raw_direct_idle_write_s": raw_direct,
-            "checkpoint_idle_write_s": idle,
-            "raw_idle_MBps": raw_bw / 1e6,
-            "checkpoint_idle_MBps": idle_bw / 1e6,
-            "raw_in_training_MBps": raw_train_bw / 1e6,
-            "checkpoint_in_training_MBps": train_bw / 1e6,
-            "idle_vs_raw": idle_bw / raw_bw,
-            "in_training_vs_raw_idle": train_bw / raw_bw,
-        },
-        "write_bw_vs_raw": train_bw / raw_train_bw,
-        "resume": resume,
-        "targets": {"stall_fraction": TARGET_STALL, "write_bw_vs_raw": TARGET_BW},
-        "machine": {
-            "cpus": os.cpu_count(),
-            "load_avg_before": load_before,
-            "load_avg": os.getloadavg(),
-        },
+    write = {
+        "raw_idle_write_s": raw,
+        "raw_direct_idle_write_s": raw_direct,
+        "checkpoint_idle_write_s": idle,
+        "raw_idle_MBps": raw_bw / 1e6,
+        "checkpoint_idle_MBps": idle_bw / 1e6,
+        "raw_in_training_MBps": raw_train_bw / 1e6,
+        "checkpoint_in_training_MBps": train_bw / 1e6,
+        "idle_vs_raw": idle_bw / raw_bw,
+        "in_training_vs_raw_idle": train_bw / raw_bw,
     }
+    return write, train_bw / raw_train_bw
+
+
+def fmt_interval(ci: list[float]) -> str:
+    return f"[{ci[0]:+.4f}, {ci[1]:+.4f}]"
 
 
 def markdown(r: dict[str, Any]) -> str:
-    s, w, res = r["stall"], r["write"], r["resume"]
+    s, w, res, p = r["stall"], r["write"], r["resume"], r["protocol"]
     mb = s["checkpoint_bytes"] / 1e6
     per_segment = s["stall_fraction_per_segment"]
-    raw_stall = s["raw_write_stall_fraction"]
+    upper = r["stall_fraction_upper95"]
+    verdict = "met" if r["stall_target_met"] else "not met"
+    if r["stall_fraction_ci95"][0] <= 0.0 <= upper:
+        verdict += "; interval contains 0: indistinguishable from no stall"
     lines = [
         "| measure | value |",
         "|---|---|",
         f"| model | DLRM, {s['n_params']:,} parameters; checkpoint {mb:,.1f} MB |",
         f"| training step (no checkpoint) | {s['step_s'] * 1e3:.1f} ms |",
-        f"| segments of {s['every_steps']} steps per trainer (no checkpoint / checkpoint / "
-        f"raw write) | {len(per_segment)} each, {s['checkpoints']} checkpoints |",
-        f"| **stall_fraction** (target <= {TARGET_STALL}) | **{r['stall_fraction']:.4f}** "
-        f"(per segment: median {s['stall_fraction_median']:+.4f}, range "
-        f"{min(per_segment):+.3f} .. {max(per_segment):+.3f}) |",
-        f"| same, for a raw background write of the same bytes (reference) | {raw_stall:.4f} |",
-        f"| training-thread time per checkpoint (audit, state, snapshot waits) | "
-        f"{s['blocked_s_median'] * 1e3:.1f} ms; all of it / training time: "
+        f"| protocol | {p['segments']} segments of {p['steps_per_segment']} steps x 3 trainers "
+        f"(no checkpoint / checkpoint / raw write), one checkpoint per segment (cadence "
+        f"{p['checkpoint_every_steps']}), batch {p['batch_size']}, {p['threads']} thread(s); "
+        f"order random per segment (seed {p['orders_seed']}); no segment dropped |",
+        f"| **stall_fraction_upper95** (target <= {TARGET_STALL}, met by the upper end) | "
+        f"**{upper:+.4f}** ({verdict}) |",
+        f"| stall_fraction: point estimate, 95% interval (paired t over segments) | "
+        f"{r['stall_fraction']:+.4f} {fmt_interval(r['stall_fraction_ci95'])}; bootstrap "
+        f"{fmt_interval(s['stall_fraction_bootstrap_ci95'])} |",
+        f"| stall per segment | median {s['stall_fraction_median']:+.4f}, range "
+        f"{min(per_segment):+.3f} .. {max(per_segment):+.3f} |",
+        f"| same, for a raw background write of the same bytes (reference) | "
+        f"{r['raw_write_stall_fraction']:+.4f} {fmt_interval(r['raw_write_stall_fraction_ci95'])} |",
+        f"| lower bound: training-thread time per checkpoint (audit, state, snapshot waits) | "
+        f"{s['blocked_s_median'] * 1e3:.1f} ms; blocked_fraction (all of it / training time) "
         f"{r['blocked_fraction']:.4f} |",
         f"| training-thread CPU time, with checkpoints vs without | "
         f"{s['train_thread_cpu_excess']:+.4f} |",
@@ -533,6 +777,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--blocks", type=int, help="timed segments per trainer")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--raw-reps", type=int, default=5, help="repetitions of the raw write")
+    parser.add_argument(
+        "--orders-seed", type=int, default=0, help="seed of the per-segment trainer orders"
+    )
     parser.add_argument("--work-dir", type=Path, help="keep the table here between runs")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
     parser.add_argument("--resume-probe", type=Path, help=argparse.SUPPRESS)
@@ -548,7 +795,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="recd-ckpt-bench-") as tmp:
         work = args.work_dir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        result = run(args, work)
+        result = run(args, work, command.strip())
     result["command"] = command.strip()
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "checkpoint_quick" if args.quick else "checkpoint"

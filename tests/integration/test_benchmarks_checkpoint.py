@@ -1,36 +1,104 @@
 """benchmarks/checkpoint.py end to end at toy size (``--quick``): real table, real trainer,
 real checkpoints, a resume. Checks that every reported number is measured and consistent,
-not the values (no timing assertions)."""
+not the values (no timing assertions); and the interval arithmetic on hand-computed cases."""
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 import pytest
 
-from benchmarks.checkpoint import main
+from benchmarks.checkpoint import (
+    KINDS,
+    paired_ratio_interval,
+    segment_orders,
+    t_central_mass,
+    t_quantile,
+)
+from benchmarks.checkpoint import main as bench_main
+
+
+@pytest.mark.parametrize(
+    ("df", "expected"),  # two-sided 95% critical values from printed t tables
+    [(1, 12.7062), (2, 4.3027), (5, 2.5706), (10, 2.2281), (30, 2.0423), (120, 1.9799)],
+)
+def test_t_quantile_matches_tables(df: int, expected: float) -> None:
+    assert t_quantile(0.975, df) == pytest.approx(expected, abs=1e-4)
+
+
+def test_t_central_mass_closed_forms() -> None:
+    # df = 1: Cauchy, P(|T| <= 1) = 1/2; df = 2: P(|T| <= t) = t / sqrt(2 + t^2).
+    assert t_central_mass(1.0, 1) == pytest.approx(0.5)
+    assert t_central_mass(3.0, 2) == pytest.approx(3.0 / math.sqrt(11.0))
+
+
+def test_paired_interval_by_hand() -> None:
+    off = [1.0, 2.0, 3.0]
+    treated = [1.1, 2.0, 3.3]  # d = 0.1, 0, 0.3: R = mean(d) / mean(off) = (0.4 / 3) / 2
+    got = paired_ratio_interval(off, treated)
+    ratio = 0.4 / 3 / 2
+    residuals = [d - ratio * a for d, a in zip([0.1, 0.0, 0.3], off, strict=True)]
+    se = statistics.stdev(residuals) / math.sqrt(3) / 2.0
+    assert got["point"] == pytest.approx(ratio)
+    assert got["point"] == pytest.approx(sum(treated) / sum(off) - 1)
+    assert got["se"] == pytest.approx(se)
+    assert got["ci95"] == pytest.approx([ratio - 4.302653 * se, ratio + 4.302653 * se])
+    lo, hi = got["bootstrap_ci95"]
+    assert min(d / 2.0 for d in [0.1, 0.0, 0.3]) <= lo <= hi <= 0.3 / 3.0 + 1e-12
+
+
+def test_paired_interval_needs_two_segments() -> None:
+    with pytest.raises(ValueError, match="2 paired segments"):
+        paired_ratio_interval([1.0], [1.0])
+
+
+def test_segment_orders_are_seeded_permutations() -> None:
+    orders = segment_orders(60, seed=7)
+    assert orders == segment_orders(60, seed=7)
+    assert orders != segment_orders(60, seed=8)
+    assert all(sorted(order) == sorted(KINDS) for order in orders)
+    assert len({tuple(order) for order in orders}) == 6  # every order turns up in 60 draws
+    for slot in range(3):  # no trainer owns a slot
+        assert {order[slot] for order in orders} == set(KINDS)
 
 
 @pytest.mark.slow
 def test_quick_benchmark_writes_consistent_results(tmp_path: Path) -> None:
     out = tmp_path / "results"
-    assert main(["--quick", "--blocks", "2", "--raw-reps", "1", "--out", str(out)]) == 0
+    argv = ["--quick", "--blocks", "3", "--raw-reps", "1", "--orders-seed", "3"]
+    assert bench_main([*argv, "--out", str(out)]) == 0
     result = json.loads((out / "checkpoint_quick.json").read_text())
-    stall = result["stall"]
-    kinds = [s["kind"] for s in stall["segments"]]
-    assert kinds == ["raw", "checkpoint", "off", "off", "checkpoint", "raw"]  # alternating order
-    assert [s["steps"] for s in stall["segments"]][::3] == [[11, 30], [31, 50]]
-    assert len(stall["raw_in_training_write_s"]) == 2  # at steps 20 and 40
-    assert stall["checkpoints"] == 2
+    stall, protocol = result["stall"], result["protocol"]
+    orders = segment_orders(4, seed=3)
+    assert stall["orders"] == orders  # segment 0 is the warm-up
+    assert [s["kind"] for s in stall["warmup_segments"]] == orders[0]
+    assert [s["kind"] for s in stall["segments"]] == [k for order in orders[1:] for k in order]
+    assert [s["steps"] for s in stall["segments"]][::3] == [[11, 30], [31, 50], [51, 70]]
+    assert len(stall["raw_in_training_write_s"]) == 3  # at steps 20, 40 and 60
+    assert stall["checkpoints"] == 3
     assert stall["bytes_written"] >= stall["checkpoint_bytes"] == 8 + 12 * stall["n_params"]
     for key in ("stall_fraction", "blocked_fraction", "write_bw_vs_raw"):
         assert math.isfinite(result[key]), key
+    lo, hi = result["stall_fraction_ci95"]
+    assert lo < result["stall_fraction"] < hi == result["stall_fraction_upper95"]
+    assert result["stall_target_met"] == (hi <= 0.02)
+    assert stall["stall_interval"]["segments"] == 3 == len(stall["stall_fraction_per_segment"])
+    raw_lo, raw_hi = result["raw_write_stall_fraction_ci95"]
+    assert raw_lo < result["raw_write_stall_fraction"] < raw_hi
     assert result["blocked_fraction"] > 0
+    for key, value in [("segments", 3), ("steps_per_segment", 20), ("batch_size", 256)]:
+        assert protocol[key] == value, key
+    assert protocol["orders_seed"] == 3 and protocol["threads"] == 1
+    assert protocol["command"].startswith("python benchmarks/checkpoint.py " + " ".join(argv))
+    assert len(protocol["load_avg_before"]) == len(protocol["load_avg_after"]) == 3
     resume = result["resume"]
     assert resume["from_step"] > 0
     for key in ("startup_s", "read_s", "load_s", "first_step_s"):
         assert resume[key] >= 0, key
     table = (out / "checkpoint_quick.md").read_text()
-    assert "**stall_fraction**" in table and "**write_bw_vs_raw**" in table
+    assert not table.startswith("# ")
+    assert "**stall_fraction_upper95**" in table and "**write_bw_vs_raw**" in table
+    assert f"{result['stall_fraction_upper95']:+.4f}" in table
