@@ -1,51 +1,67 @@
-"""Failure-recovery benchmark (issue 6): a dead worker costs seconds, not a restart (SwIFT).
+"""Failure-recovery benchmark: survivor recovery against restart-and-reload, same launcher, same job.
 
-    python benchmarks/recovery.py            # 2-process jobs, 3 repetitions, torchrun too
-    python benchmarks/recovery.py --quick    # smoke size: 1 repetition, no torchrun job
+    python benchmarks/recovery.py            # 1.07 GB checkpoint, 3 reps per route, torchrun too
+    python benchmarks/recovery.py --quick    # 7.7 MB checkpoint, 3 reps, no torchrun
+                                             # (writes recovery_quick.json / .md)
 
-Measured (2 CPU processes, gloo; rank 1 SIGKILLs itself at a fixed step ``--kill-step``, in
-the middle of the step: after its gradients were all-reduced, before its update):
+The job (:class:`recd.recovery.survivor.SurvivorJob`): 2 CPU worker processes (gloo, one torch
+thread each), a DLRM whose tables torchrec shards row-wise, ``ShardedAdam``; full default size
+8 tables x 700,000 rows x 16 = 89.6 M parameters, a 1.07 GB checkpoint (weights, Adam m and
+v: 12 bytes a parameter). It fits a 24 GiB, 2-core machine: each rank peaks near 7 GB while
+a checkpoint is all-gathered (about 6.7x the checkpoint, measured at 0.46 GB), about 15 GB in
+all; the whole run takes about 6 minutes on 2 quiet cores. 10 steps, a full checkpoint every
+5 (and at the end); rank 1 SIGKILLs itself in step 9 after its gradients were all-reduced,
+before its update. Checkpoint files are deleted after each run.
 
-(b) ``survivor``: :mod:`recd.recovery.survivor`: survivors agree on the last step completed
-    by everyone, undo their step past it, hand the dense state to a replacement (forked from
-    the warm launcher), which loads only its embedding shard from the newest checkpoint;
-(a) ``restart``: the same job, recovered as torchrun's agent does: every worker stopped, a
-    new group started that loads the full checkpoint and replays the steps since (the same
-    warm fork launcher: this isolates lost work + reload from process start-up);
-(a) ``torchrun``: the real elastic baseline of :mod:`recd.recovery.elastic`: ``recd train
-    --resume`` under ``torchrun --max-restarts 1`` on the tiny table, a worker SIGKILLed
-    (fresh interpreters: imports, rendezvous, DMP build, full checkpoint load, replay).
+Routes, each run ``--reps`` times, all runs of all routes in one seeded random order
+(``protocol.order``); a failed run is recorded with its error and counted
+(``failed_runs``), never left out silently:
 
-Recovery time = from the kill until the step that was in flight at the failure completes
-again (so it includes the lost work); lost work in steps. ``recovery_time_ratio`` = (b) / (a)
-with (a) the torchrun baseline when it ran (else the same-launcher restart; ``ratio_baseline``
-says which); ``recovery_time_ratio_same_launcher`` is always (b) / restart.
+- ``survivor``: :mod:`recd.recovery.survivor`: survivors agree on the last step completed
+  by everyone, undo their step past it, hand the dense state to a replacement forked from the
+  warm launcher, which loads the dead rank's embedding shard from the newest checkpoint;
+- ``restart``: the same job, the same warm fork launcher: every worker stopped, a new group
+  started that reloads the full checkpoint and replays the steps since (what torchrun's agent
+  does, without interpreter start-up): the headline's baseline;
+- ``capture``: the failure-free cost of update-undo on the same job: 2 forked ranks build the
+  same sharded model and train it on the same batches, ``ShardedAdam.step(capture=True)`` and
+  plain ``step()`` in a seeded random balanced order; the capture's extra time as a fraction
+  of a plain training step (forward + backward + update), on the slowest rank;
+- ``torchrun`` (default unless ``--quick``; ``--torchrun`` / ``--no-torchrun``): cold torchrun (``recd train --resume`` under
+  ``torchrun --max-restarts 1``, :mod:`recd.recovery.elastic`) on a *different*, tiny job
+  (the tiny profile's table): fresh interpreters, imports, rendezvous, DMP build, full
+  checkpoint load, replay. Reported on its own, never the headline's baseline.
 
-Also measured: the update-undo capture's extra time per step on the same model (one
-process: ``step_with_undo`` vs ``ModelAdam.step``, as a fraction of a whole training step).
+Recovery time = from the kill until the step in flight at the failure completes again (the
+lost work included). Reload is from the page cache (the checkpoint was just written): a
+lower bound of a reload from storage.
 
-Simulation (SwIFT's methodology, our costs): a job needing ``--work-hours`` of failure-free
-training on many ranks; failures arrive with gaps drawn uniformly from [0, 2 x 17 h] (median
-17 h) for the whole job, ``--trials`` Monte-Carlo runs with the same gaps for both
-strategies. Assumptions (all parameters, written into the JSON):
+Headline ``recovery_time_ratio`` = median survivor / median restart; its range is min
+survivor / max restart .. max survivor / min restart. Both routes run the job's captured
+step (the job always captures), so the restart route's replayed steps carry a capture it does
+not need: ``recovery_time_ratio_restart_without_capture`` takes the measured capture time
+of those steps off the restart route (secondary).
 
-- both strategies write the same periodic checkpoints (the survivor route still needs them
-  for the embedding shards), each costing ``--checkpoint-cost-s`` of stalled training;
-- checkpoint baseline: a failure rolls progress back to the last checkpoint (lost work is
-  the time since it, uniform over the cadence) and costs the measured fixed restart time
-  (torchrun's detection + restart + start-up + load + first step) times ``--scale-cost``
-  (start-up and rendezvous of many ranks take longer than of 2; 1 = as measured);
-- survivor: a failure loses the measured lost steps (one: the undone step) of
-  ``--step-s`` each and costs the measured fixed survivor recovery time times
-  ``--scale-cost``; every step pays the measured undo-capture fraction (the optimizer's share
-  of a step is much smaller on a GPU DLRM than on this tiny CPU model, so the headline uses
-  the measured capture / optimizer-step ratio times ``--optimizer-share``, default 0.05, of a
-  step; ``--undo-overhead`` overrides it; the JSON also has the variants ``none`` (SwIFT's
-  premise: nothing captured) and ``as_measured_on_cpu``);
-- the embedding rows lost by partial recovery cost accuracy, not time (not simulated);
-- the cadence is swept (``--cadence-hours``); ``simulated_speedup`` is at ``--headline-cadence``.
+Simulation (SwIFT's methodology): a job needing ``--work-hours`` of failure-free training;
+failures arrive with gaps uniform on [0, 2 x ``--mtbf-median-hours``] (the scenario, not a
+measurement), ``--trials`` Monte-Carlo runs with the same gaps for both strategies; both
+write the same periodic checkpoints. Checkpoint strategy: a failure rolls back to the last
+checkpoint and costs the restart route's fixed recovery time; survivor: a failure loses
+its measured lost steps and costs the survivor route's fixed recovery time, and every step
+pays the update-undo capture. ``simulated_speedup`` (checkpoint wall / survivor wall at
+``--headline-cadence``) uses only measured costs: capture fraction, step time, checkpoint
+stall, fixed recovery times, lost steps; when the measured checkpoint is smaller than
+``--reload-target-gb`` the reload and checkpoint costs are scaled to that size at the
+measured bytes/s (``simulation.reload_scaling``; the full size is measured at >= 1 GB, factor
+1). ``simulated_speedup_range``: the headline cadence at the bad and the good end of the
+measured capture fraction and recovery times. Variants with an assumed number are named
+``simulated_speedup_assumed_*`` and marked ``assumption: true`` in the JSON:
+``assumed_capture_0_05`` (the capture costs 5% of a step) and ``assumed_at_scale`` (the
+previous protocol's at-scale guesses: 0.5 s steps, 60 s checkpoints, recovery costs x10, the
+capture's measured cost relative to the optimizer step times a 5% optimizer share).
 
-Writes benchmarks/results/recovery.json (``--quick``: recovery_quick.json) and .md.
+Writes benchmarks/results/recovery.json and .md (``--quick``: recovery_quick.*); the
+Markdown starts with the headline (no title: the README puts it under its own heading).
 """
 
 from __future__ import annotations
@@ -53,12 +69,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing as mp
 import os
+import random
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +91,18 @@ sys.path.insert(0, str(REPO))
 from recd.recovery.survivor import SurvivorJob, run_job  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
+KILL_RANK = 1
+FIXED_PHASES = ("detection", "restart", "rendezvous", "load", "first_step")
+"""Phases of a recovery that do not depend on how much work was lost (the simulation's
+fixed cost per failure)."""
+CAPTURE_WARMUP_STEPS = 2
+CAPTURE_STEPS_EACH = 10
+"""Captured and plain steps timed per capture run (each), after the warm-up."""
+COLLECTIVE_TIMEOUT_S = 60.0
+"""gloo's timeout in the jobs: a backstop only (a dead peer is noticed by its sockets); long
+enough for a 1 GB checkpoint's all-gather on a busy machine."""
+ASSUMED_CAPTURE_FRACTION = 0.05
+"""The capture cost the previous protocol assumed (5% of a step)."""
 
 TORCHRUN_TOML = """
 [reader]
@@ -100,29 +133,205 @@ sharding = "table_wise"
 [checkpoint]
 checkpoint_every = {every}
 """
+TORCHRUN_STEPS = 16
 
 
-# ----------------------------------------------------------------------------- measurements
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ModelSize:
+    """The job's embedding tables: ``tables`` x ``rows`` x ``dim`` parameters."""
+
+    tables: int
+    """Embedding tables (row-wise sharded over the ranks)."""
+    rows: int
+    """Rows per table."""
+    dim: int
+    """Embedding width."""
 
 
-def measure_job(mode: str, work: Path, args: argparse.Namespace, rep: int) -> dict[str, Any]:
-    run_dir = work / f"{mode}_{rep}"
-    shutil.rmtree(run_dir, ignore_errors=True)
-    job = SurvivorJob(
+FULL_SIZE = ModelSize(tables=8, rows=700_000, dim=16)
+"""89.6 M table parameters: a 1.07 GB checkpoint."""
+QUICK_SIZE = ModelSize(tables=4, rows=20_000, dim=8)
+"""640 k table parameters: a 7.7 MB checkpoint."""
+
+
+# ----------------------------------------------------------------------------- the job
+
+
+def make_job(args: argparse.Namespace, run_dir: Path, mode: str) -> SurvivorJob:
+    """The benchmark's job in ``mode`` (``survivor`` or ``restart``), rank 1 killed."""
+    return SurvivorJob(
         run_dir=run_dir,
         mode=mode,  # type: ignore[arg-type]
         steps=args.steps,
         checkpoint_every=args.checkpoint_every,
-        kill_rank=1,
+        tables=args.tables,
+        rows=args.rows,
+        dim=args.dim,
+        kill_rank=KILL_RANK,
         kill_step=args.kill_step,
         kill_point="after_backward",
-        timeout_s=300.0,
+        timeout_s=args.job_timeout_s,
+        collective_timeout_s=COLLECTIVE_TIMEOUT_S,
     )
-    report = run_job(job)
+
+
+def checkpoint_bytes_of(job: SurvivorJob) -> int:
+    """Bytes of one full checkpoint of ``job``'s model (``8 + 12 * n_params``)."""
+    from recd.checkpoint.format import checkpoint_size_bytes
+    from recd.recovery.survivor import model_config_of
+    from recd.train.sharding import logical_layout
+
+    return checkpoint_size_bytes(logical_layout(model_config_of(job)).n_params)
+
+
+def checkpoint_stalls_s(events: list[dict[str, Any]]) -> list[float]:
+    """Seconds each checkpoint held up training: per checkpoint (generation, step), the
+    slowest rank's time from recording the step to the end of the checkpoint."""
+    stepped = {(e["rank"], e["gen"], e["step"]): e["t"] for e in events if e["event"] == "step"}
+    stalls: dict[tuple[int, int], float] = {}
+    for e in events:
+        if e["event"] != "checkpoint":
+            continue
+        start = stepped.get((e["rank"], e["gen"], e["step"]))
+        if start is not None:
+            key = (e["gen"], e["step"])
+            stalls[key] = max(stalls.get(key, 0.0), e["t"] - start)
+    return [stalls[k] for k in sorted(stalls)]
+
+
+def measure_job(mode: str, work: Path, args: argparse.Namespace, rep: int) -> dict[str, Any]:
+    """One run of the job in ``mode``: its recovery timeline and checkpoint stalls."""
+    run_dir = work / f"{mode}_{rep}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    try:
+        report = run_job(make_job(args, run_dir, mode))
+        sizes = sorted({p.stat().st_size for p in run_dir.glob("step_*.bin")})
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)  # 1 GB a checkpoint: keep the disk free
     timeline = report.timeline()
     if timeline is None:
         raise RuntimeError(f"{mode}: no recovery observed in {run_dir}")
-    return {"timeline": timeline, "recoveries": report.recoveries, "wall_s": report.wall_s}
+    if mode == "survivor" and not report.recoveries:
+        raise RuntimeError(f"survivor: no recovery recorded in {run_dir}")
+    return {
+        "timeline": timeline,
+        "checkpoint_file_bytes": sizes,
+        "checkpoint_stalls_s": checkpoint_stalls_s(report.events),
+        "job_wall_s": report.wall_s,
+    }
+
+
+# ----------------------------------------------------------------------------- capture cost
+
+
+def capture_flags(steps_each: int, seed: int) -> list[bool]:
+    """Warm-up (plain) steps, then ``steps_each`` captured and plain steps in a seeded order."""
+    flags = [True] * steps_each + [False] * steps_each
+    random.Random(seed).shuffle(flags)
+    return [False] * CAPTURE_WARMUP_STEPS + flags
+
+
+def _time_steps(job: SurvivorJob, rank: int, flags: list[bool]) -> dict[str, list[float]]:
+    """Train the job's sharded model (already in a process group) one step per flag."""
+    from models.dlrm import bce_loss
+    from recd.optim import AdamConfig
+    from recd.recovery.survivor import make_batch, model_config_of
+    from recd.train.sharding import build_sharded_training
+
+    dmp, opt = build_sharded_training(
+        model_config_of(job), AdamConfig(lr=job.lr), plan="row_wise", seed=job.seed
+    )
+    times: dict[str, list[float]] = {"forward_backward_s": [], "step_s": [], "captured_step_s": []}
+    for i, capture in enumerate(flags):
+        dense, kjt, labels = make_batch(job, i + 1, rank)
+        start = time.perf_counter()
+        dmp.train()
+        opt.zero_grad()
+        bce_loss(dmp(dense, kjt), labels).backward()
+        backward_done = time.perf_counter()
+        record = opt.step(capture=capture)
+        done = time.perf_counter()
+        del record
+        if i >= CAPTURE_WARMUP_STEPS:
+            times["forward_backward_s"].append(backward_done - start)
+            times["captured_step_s" if capture else "step_s"].append(done - backward_done)
+    opt.close()
+    return times
+
+
+def _capture_worker(job: SurvivorJob, rank: int, out: Path, flags: list[bool]) -> None:
+    """A forked rank of the capture measurement; writes its step times to ``out``."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    try:
+        torch.set_num_threads(1)
+        store = dist.FileStore(str(out.parent / "store"), job.world_size)
+        dist.init_process_group(
+            "gloo",
+            store=store,
+            rank=rank,
+            world_size=job.world_size,
+            timeout=datetime.timedelta(seconds=job.collective_timeout_s),
+        )
+        times = _time_steps(job, rank, flags)
+        dist.barrier()
+        dist.destroy_process_group()
+        out.write_text(json.dumps(times))
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    os._exit(0)
+
+
+def capture_summary(times: dict[str, list[float]]) -> dict[str, float]:
+    """One rank's medians, and the capture's extra time as a fraction of a plain step."""
+    medians = {k: statistics.median(v) for k, v in times.items()}
+    step_s = medians["forward_backward_s"] + medians["step_s"]
+    extra_s = medians["captured_step_s"] - medians["step_s"]
+    return {
+        **medians,
+        "train_step_s": step_s,
+        "capture_extra_s": extra_s,
+        "overhead_fraction": max(extra_s, 0.0) / step_s,
+    }
+
+
+def measure_capture(work: Path, args: argparse.Namespace, rep: int) -> dict[str, Any]:
+    """The update-undo capture's cost on the job's model, 2 forked ranks (no failure)."""
+    run_dir = work / f"capture_{rep}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    job = make_job(args, run_dir, "survivor")
+    flags = capture_flags(CAPTURE_STEPS_EACH, args.seed + rep)
+    ctx = mp.get_context("fork")
+    outs = [run_dir / f"rank{r}.json" for r in range(job.world_size)]
+    procs = [
+        ctx.Process(target=_capture_worker, args=(job, r, outs[r], flags))
+        for r in range(job.world_size)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(args.job_timeout_s)
+        if p.exitcode is None:
+            p.kill()
+            p.join()
+    codes = [p.exitcode for p in procs]
+    try:
+        if any(code != 0 for code in codes):
+            raise RuntimeError(f"capture: worker exit codes {codes}")
+        ranks = [capture_summary(json.loads(o.read_text())) for o in outs]
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    slowest = max(ranks, key=lambda r: r["train_step_s"])
+    return {"capture": slowest, "ranks": ranks, "steps_each": CAPTURE_STEPS_EACH}
+
+
+# ----------------------------------------------------------------------------- cold torchrun
 
 
 def make_table(work: Path) -> Path:
@@ -136,6 +345,7 @@ def make_table(work: Path) -> Path:
 
 
 def measure_torchrun(work: Path, args: argparse.Namespace, rep: int) -> dict[str, Any]:
+    """One cold torchrun restart of the tiny ``recd train`` job (a different job)."""
     from recd.recovery.elastic import run_elastic
 
     table = make_table(work)
@@ -143,58 +353,121 @@ def measure_torchrun(work: Path, args: argparse.Namespace, rep: int) -> dict[str
     shutil.rmtree(run_dir, ignore_errors=True)
     config = work / f"torchrun_{rep}.toml"
     config.write_text(
-        TORCHRUN_TOML.format(table=table, run_dir=run_dir, steps=16, every=args.checkpoint_every)
+        TORCHRUN_TOML.format(
+            table=table, run_dir=run_dir, steps=TORCHRUN_STEPS, every=args.checkpoint_every
+        )
     )
     env = dict(os.environ, OMP_NUM_THREADS="1", RECD_PROGRESS="0")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    report = run_elastic(config, run_dir, kill_after_step=args.kill_step, timeout_s=300.0, env=env)
+    report = run_elastic(
+        config, run_dir, kill_after_step=args.kill_step, timeout_s=args.job_timeout_s, env=env
+    )
+    sizes = sorted({p.stat().st_size for p in run_dir.glob("step_*.bin")})
     if report.returncode != 0 or report.timeline is None:
         tail = [line for _, line in report.lines if "Error" in line][-3:]
-        return {"error": f"exit code {report.returncode}, no recovery: {tail}"}
-    return {"timeline": report.timeline.to_dict(), "restarts": report.restarts}
-
-
-def measure_undo_overhead(reps: int = 20) -> dict[str, float]:
-    """Seconds of a training step, of ModelAdam.step and of step_with_undo (medians) on the
-    survivor job's model (one process, batch 128)."""
-    import torch
-
-    from models.dlrm import DLRM, bce_loss
-    from recd.optim import AdamConfig, ModelAdam
-    from recd.recovery import step_with_undo
-    from recd.recovery.survivor import make_batch, model_config_of
-
-    torch.set_num_threads(1)
-    job = SurvivorJob(run_dir=Path("."), world_size=1)
-    torch.manual_seed(0)
-    model = DLRM(model_config_of(job))
-    opt = ModelAdam.for_model(model, AdamConfig(lr=0.01))
-    plain: list[float] = []
-    captured: list[float] = []
-    whole: list[float] = []
-    for i in range(2 * reps + 2):
-        dense, kjt, labels = make_batch(job, i + 1, 0)
-        t0 = time.perf_counter()
-        opt.zero_grad()
-        bce_loss(model(dense, kjt), labels).backward()
-        t1 = time.perf_counter()
-        if i % 2:
-            step_with_undo(opt)
-        else:
-            opt.step()
-        t2 = time.perf_counter()
-        if i >= 2:
-            (captured if i % 2 else plain).append(t2 - t1)
-            if not i % 2:
-                whole.append(t2 - t0)
-    step_s = statistics.median(whole)
-    extra = statistics.median(captured) - statistics.median(plain)
+        return {"error": f"exit code {report.returncode}, no recovery observed: {tail}"}
     return {
-        "train_step_s": step_s,
-        "optimizer_step_s": statistics.median(plain),
-        "captured_step_s": statistics.median(captured),
-        "overhead_fraction": max(extra, 0.0) / step_s,
+        "timeline": report.timeline.to_dict(),
+        "restarts": report.restarts,
+        "checkpoint_file_bytes": sizes,
     }
+
+
+# ----------------------------------------------------------------------------- the schedule
+
+
+def plan_order(routes: Sequence[str], reps: int, seed: int) -> list[tuple[str, int]]:
+    """Every (route, repetition) once, in a seeded random order (routes interleaved)."""
+    order = [(route, rep) for rep in range(reps) for route in routes]
+    random.Random(seed).shuffle(order)
+    return order
+
+
+def run_schedule(
+    order: Sequence[tuple[str, int]], measure: Callable[[str, int], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Run ``measure(route, rep)`` in ``order``; a run that raises or returns ``error`` is
+    kept as a failed run (with its error), never dropped."""
+    runs = []
+    for position, (route, rep) in enumerate(order):
+        before = os.getloadavg()
+        began = time.monotonic()
+        try:
+            result = measure(route, rep)
+        except Exception as error:  # a failed repetition is a result too
+            result = {"error": f"{type(error).__name__}: {error}"}
+        run = {"route": route, "rep": rep, "position": position, **result}
+        run.update(
+            wall_s=time.monotonic() - began,
+            loadavg_before=list(before),
+            loadavg_after=list(os.getloadavg()),
+        )
+        runs.append(run)
+        print(f"[{position + 1}/{len(order)}] {route} rep {rep}: {_run_line(run)}", flush=True)
+    return runs
+
+
+def _run_line(run: dict[str, Any]) -> str:
+    if "error" in run:
+        return f"FAILED {run['error']}"
+    if "capture" in run:
+        return f"capture overhead {run['capture']['overhead_fraction']:.3f} of a step"
+    return f"recovery {run['timeline']['total']:.3f} s"
+
+
+# ----------------------------------------------------------------------------- summaries
+
+
+def spread(values: Sequence[float]) -> dict[str, Any]:
+    """Median, min, max and the values (all None when there are none)."""
+    if not values:
+        return {"median": None, "min": None, "max": None, "n": 0, "values": []}
+    return {
+        "median": float(statistics.median(values)),
+        "min": float(min(values)),
+        "max": float(max(values)),
+        "n": len(values),
+        "values": [float(v) for v in values],
+    }
+
+
+def summarize_route(runs: list[dict[str, Any]], route: str) -> dict[str, Any]:
+    """A route's successful and failed runs, its recovery time and phases (medians)."""
+    mine = [r for r in runs if r["route"] == route]
+    ok = [r for r in mine if "error" not in r]
+    failed = [
+        {"rep": r["rep"], "position": r["position"], "error": r["error"]}
+        for r in mine
+        if "error" in r
+    ]
+    summary: dict[str, Any] = {"runs": len(mine), "runs_ok": len(ok), "failed_runs": failed}
+    timelines = [r["timeline"] for r in ok if "timeline" in r]
+    if timelines:
+        summary["recovery_s"] = spread([t["total"] for t in timelines])
+        summary["lost_steps"] = spread([t["lost_steps"] for t in timelines])
+        keys = [k for k, v in timelines[0].items() if isinstance(v, float) and k != "total"]
+        summary["phases_median_s"] = {k: _median_finite([t[k] for t in timelines]) for k in keys}
+    return summary
+
+
+def _median_finite(values: list[float]) -> float | None:
+    finite = [v for v in values if isinstance(v, int | float) and math.isfinite(v)]
+    return float(statistics.median(finite)) if finite else None
+
+
+def ratio(num: dict[str, Any], den: dict[str, Any]) -> dict[str, Any]:
+    """median(num) / median(den), and the range min(num)/max(den) .. max(num)/min(den)."""
+    if not num.get("n") or not den.get("n"):
+        return {"value": None, "range": None}
+    return {
+        "value": num["median"] / den["median"],
+        "range": [num["min"] / den["max"], num["max"] / den["min"]],
+    }
+
+
+def fixed_cost_s(summary: dict[str, Any]) -> float:
+    """Sum of a route's fixed recovery phases (medians)."""
+    return sum(summary["phases_median_s"][k] or 0.0 for k in FIXED_PHASES)
 
 
 # ----------------------------------------------------------------------------- simulation
@@ -240,220 +513,523 @@ def simulate(
     raise RuntimeError("simulate: not enough failure gaps drawn")
 
 
-def run_simulation(costs: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+def draw_gaps(args: argparse.Namespace) -> np.ndarray:
+    """trials x gaps: seconds between failures, uniform on [0, 2 x median], seeded."""
     rng = np.random.default_rng(args.seed)
     mtbf_s = args.mtbf_median_hours * 3600
-    work_s = args.work_hours * 3600
-    n_gaps = int(work_s / mtbf_s * 4) + 50
-    gaps = rng.uniform(0.0, 2 * mtbf_s, (args.trials, n_gaps))
-    rows = []
-    for hours in args.cadence_hours:
-        walls: dict[str, list[float]] = {"checkpoint": [], "survivor": []}
-        for trial in gaps:
-            common = {
-                "work_s": work_s,
-                "gaps_s": trial,
-                "cadence_s": hours * 3600,
-                "checkpoint_cost_s": args.checkpoint_cost_s,
-            }
-            walls["checkpoint"].append(
-                simulate(
-                    **common,
-                    restart_fixed_s=costs["baseline_fixed_s"] * args.scale_cost,
-                    rollback_to_checkpoint=True,
-                    lost_s=0.0,
-                    overhead=0.0,
-                )
+    n_gaps = int(args.work_hours * 3600 / mtbf_s * 4) + 50
+    return rng.uniform(0.0, 2 * mtbf_s, (args.trials, n_gaps))
+
+
+def simulate_speedup(
+    inputs: dict[str, float], gaps: np.ndarray, work_s: float, hours: float
+) -> dict[str, float]:
+    """Mean wall hours of both strategies over the trials at one cadence, and their ratio."""
+    walls: dict[str, list[float]] = {"checkpoint": [], "survivor": []}
+    common = {
+        "work_s": work_s,
+        "cadence_s": hours * 3600,
+        "checkpoint_cost_s": inputs["checkpoint_cost_s"],
+    }
+    for trial in gaps:
+        walls["checkpoint"].append(
+            simulate(
+                **common,
+                gaps_s=trial,
+                restart_fixed_s=inputs["restart_fixed_s"],
+                rollback_to_checkpoint=True,
+                lost_s=0.0,
+                overhead=0.0,
             )
-            walls["survivor"].append(
-                simulate(
-                    **common,
-                    restart_fixed_s=costs["survivor_fixed_s"] * args.scale_cost,
-                    rollback_to_checkpoint=False,
-                    lost_s=costs["survivor_lost_steps"] * args.step_s,
-                    overhead=costs["undo_overhead"],
-                )
-            )
-        a, b = float(np.mean(walls["checkpoint"])), float(np.mean(walls["survivor"]))
-        rows.append(
-            {
-                "cadence_hours": hours,
-                "checkpoint_wall_hours": a / 3600,
-                "survivor_wall_hours": b / 3600,
-                "speedup": a / b,
-            }
         )
+        walls["survivor"].append(
+            simulate(
+                **common,
+                gaps_s=trial,
+                restart_fixed_s=inputs["survivor_fixed_s"],
+                rollback_to_checkpoint=False,
+                lost_s=inputs["survivor_lost_steps"] * inputs["step_s"],
+                overhead=inputs["undo_overhead"],
+            )
+        )
+    a, b = float(np.mean(walls["checkpoint"])), float(np.mean(walls["survivor"]))
+    return {
+        "cadence_hours": hours,
+        "checkpoint_wall_hours": a / 3600,
+        "survivor_wall_hours": b / 3600,
+        "speedup": a / b,
+    }
+
+
+def run_variant(
+    inputs: dict[str, float], assumed: Sequence[str], gaps: np.ndarray, args: argparse.Namespace
+) -> dict[str, Any]:
+    """One simulation variant over every cadence; ``assumed``: its inputs not measured."""
+    rows = [simulate_speedup(inputs, gaps, args.work_hours * 3600, h) for h in args.cadence_hours]
     headline = next(r for r in rows if r["cadence_hours"] == args.headline_cadence)
-    return {"rows": rows, "simulated_speedup": headline["speedup"]}
+    return {
+        "assumption": bool(assumed),
+        "assumed_inputs": list(assumed),
+        "inputs": inputs,
+        "rows": rows,
+        "simulated_speedup": headline["speedup"],
+    }
+
+
+def reload_scaling(
+    routes: dict[str, Any], checkpoint_bytes: int, stall_s: float, target_bytes: float
+) -> dict[str, Any]:
+    """Reload bytes/s of each route and the factor that scales the measured checkpoint to
+    ``target_bytes`` (1 when it is at least that large)."""
+    factor = max(target_bytes / checkpoint_bytes, 1.0)
+    out: dict[str, Any] = {
+        "measured_checkpoint_bytes": checkpoint_bytes,
+        "target_checkpoint_bytes": target_bytes,
+        "factor": factor,
+        "scaled": factor > 1.0,
+        "rule": "load phase and checkpoint stall x factor (bytes / measured bytes/s)",
+        "checkpoint_write_bytes_per_s": checkpoint_bytes / stall_s if stall_s else None,
+    }
+    for route in ("survivor", "restart"):
+        load = routes[route]["phases_median_s"]["load"]
+        out[f"{route}_reload_bytes_per_s"] = checkpoint_bytes / load if load else None
+        out[f"{route}_load_s_scaled"] = load * factor
+    return out
+
+
+def measured_inputs(
+    routes: dict[str, Any], capture: dict[str, Any], stall: dict[str, Any], scaling: dict[str, Any]
+) -> dict[str, float]:
+    """The simulation's inputs, all measured on the job (scaled to the target size)."""
+    extra = scaling["factor"] - 1.0
+    return {
+        "step_s": capture["train_step_s"]["median"],
+        "undo_overhead": capture["overhead_fraction"]["median"],
+        "checkpoint_cost_s": stall["median"] * scaling["factor"],
+        "restart_fixed_s": fixed_cost_s(routes["restart"])
+        + extra * routes["restart"]["phases_median_s"]["load"],
+        "survivor_fixed_s": fixed_cost_s(routes["survivor"])
+        + extra * routes["survivor"]["phases_median_s"]["load"],
+        "survivor_lost_steps": routes["survivor"]["lost_steps"]["median"],
+    }
+
+
+def run_simulation(
+    routes: dict[str, Any],
+    capture: dict[str, Any],
+    stall: dict[str, Any],
+    checkpoint_bytes: int,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """The measured simulation, its spread, and the named assumed variants."""
+    gaps = draw_gaps(args)
+    scaling = reload_scaling(routes, checkpoint_bytes, stall["median"], args.reload_target_gb * 1e9)
+    measured = measured_inputs(routes, capture, stall, scaling)
+    opt_ratio = capture["captured_step_s"]["median"] / capture["step_s"]["median"]
+    variants = {
+        "measured": run_variant(measured, [], gaps, args),
+        "assumed_capture_0_05": run_variant(
+            {**measured, "undo_overhead": ASSUMED_CAPTURE_FRACTION}, ["undo_overhead"], gaps, args
+        ),
+        "assumed_at_scale": run_variant(
+            {
+                **measured,
+                "step_s": args.at_scale_step_s,
+                "checkpoint_cost_s": args.at_scale_checkpoint_cost_s,
+                "restart_fixed_s": measured["restart_fixed_s"] * args.at_scale_cost_factor,
+                "survivor_fixed_s": measured["survivor_fixed_s"] * args.at_scale_cost_factor,
+                "undo_overhead": (opt_ratio - 1.0) * args.at_scale_optimizer_share,
+            },
+            ["step_s", "checkpoint_cost_s", "cost_factor", "optimizer_share"],
+            gaps,
+            args,
+        ),
+    }
+    return {
+        "scenario": _scenario(args),
+        "reload_scaling": scaling,
+        "simulated_speedup_range": _speedup_range(measured, routes, capture, gaps, args),
+        "at_scale_assumptions": {
+            "step_s": args.at_scale_step_s,
+            "checkpoint_cost_s": args.at_scale_checkpoint_cost_s,
+            "cost_factor": args.at_scale_cost_factor,
+            "optimizer_share": args.at_scale_optimizer_share,
+            "capture_over_optimizer_step_measured": opt_ratio,
+        },
+        "variants": variants,
+    }
+
+
+def _speedup_range(
+    measured: dict[str, float],
+    routes: dict[str, Any],
+    capture: dict[str, Any],
+    gaps: np.ndarray,
+    args: argparse.Namespace,
+) -> list[float]:
+    """The headline cadence's speedup at the bad and the good end of the measured capture
+    fraction and recovery times (min-max over the repetitions)."""
+    work_s, hours = args.work_hours * 3600, args.headline_cadence
+    ends = []
+    for survivor_end, restart_end in (("max", "min"), ("min", "max")):
+        inputs = {
+            **measured,
+            "undo_overhead": capture["overhead_fraction"][survivor_end],
+            "survivor_fixed_s": measured["survivor_fixed_s"]
+            * routes["survivor"]["recovery_s"][survivor_end]
+            / routes["survivor"]["recovery_s"]["median"],
+            "restart_fixed_s": measured["restart_fixed_s"]
+            * routes["restart"]["recovery_s"][restart_end]
+            / routes["restart"]["recovery_s"]["median"],
+        }
+        ends.append(simulate_speedup(inputs, gaps, work_s, hours)["speedup"])
+    return ends
+
+
+def _scenario(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "what": "the simulated job and its failures: a scenario, not a measurement",
+        "work_hours": args.work_hours,
+        "mtbf_median_hours": args.mtbf_median_hours,
+        "failure_gaps": "uniform on [0, 2 x median] for the whole job",
+        "trials": args.trials,
+        "cadence_hours": args.cadence_hours,
+        "headline_cadence_hours": args.headline_cadence,
+        "seed": args.seed,
+    }
 
 
 # ----------------------------------------------------------------------------- main
 
 
-def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    measured: dict[str, list[dict[str, Any]]] = {"survivor": [], "restart": [], "torchrun": []}
-    for rep in range(args.reps):
-        for mode in ("survivor", "restart"):
-            measured[mode].append(measure_job(mode, work, args, rep))
-            print(f"{mode} rep {rep}: {measured[mode][-1]['timeline']['total']:.3f} s", flush=True)
-        if args.torchrun:
-            measured["torchrun"].append(measure_torchrun(work, args, rep))
-            print(f"torchrun rep {rep}: {measured['torchrun'][-1]}", flush=True)
+def routes_of(args: argparse.Namespace) -> list[str]:
+    return ["survivor", "restart", "capture"] + (["torchrun"] if args.torchrun else [])
 
-    def med(mode: str, key: str) -> float:
-        values = [m["timeline"][key] for m in measured[mode] if "timeline" in m]
-        return float(statistics.median(values)) if values else math.nan
 
-    survivor_total = med("survivor", "total")
-    restart_total = med("restart", "total")
-    torchrun_total = med("torchrun", "total")
-    use_torchrun = not math.isnan(torchrun_total)
-    baseline_total = torchrun_total if use_torchrun else restart_total
-    baseline_mode = "torchrun" if use_torchrun else "restart"
-    fixed_phases = {
-        "torchrun": ("detection", "restart", "startup", "first_step"),
-        "restart": ("detection", "restart", "rendezvous", "load", "first_step"),
-    }[baseline_mode]
-    survivor_phases = ("detection", "restart", "rendezvous", "load", "first_step")
-    undo = measure_undo_overhead()
-    costs = {
-        "baseline": baseline_mode,
-        "baseline_fixed_s": sum(med(baseline_mode, k) for k in fixed_phases),
-        "survivor_fixed_s": sum(med("survivor", k) for k in survivor_phases),
-        "survivor_lost_steps": med("survivor", "lost_steps"),
+def measurer(work: Path, args: argparse.Namespace) -> Callable[[str, int], dict[str, Any]]:
+    """``measure(route, rep)`` for :func:`run_schedule`."""
+
+    def measure(route: str, rep: int) -> dict[str, Any]:
+        if route == "capture":
+            return measure_capture(work, args, rep)
+        if route == "torchrun":
+            return measure_torchrun(work, args, rep)
+        return measure_job(route, work, args, rep)
+
+    return measure
+
+
+def protocol(
+    args: argparse.Namespace, order: list[tuple[str, int]], loads: list[list[float]]
+) -> dict[str, Any]:
+    """How the survivor, restart and capture figures were measured."""
+    job = make_job(args, Path("."), "survivor")
+    return {
+        "job": "recd.recovery.survivor.SurvivorJob: DLRM, tables row-wise sharded, ShardedAdam",
+        "world_size": job.world_size,
+        "steps": job.steps,
+        "checkpoint_every": job.checkpoint_every,
+        "kill_step": job.kill_step,
+        "kill_rank": KILL_RANK,
+        "kill_point": job.kill_point,
+        "collective_timeout_s": job.collective_timeout_s,
+        "global_batch_size": job.batch_size,
+        "model": {"tables": job.tables, "rows": job.rows, "dim": job.dim},
+        "checkpoint_bytes": checkpoint_bytes_of(job),
+        "repetitions": args.reps,
+        "threads": {
+            "torch_threads_per_worker": 1,
+            "workers": job.world_size,
+            "cpu_count": os.cpu_count(),
+        },
+        "launcher": "warm fork launcher (imports done) for survivor, restart and capture",
+        "reload": "from the page cache: the checkpoint was just written",
+        "loadavg_before": loads[0],
+        "loadavg_after": loads[1],
+        "order": [f"{route}:{rep}" for route, rep in order],
+        "seed": args.seed,
+        "command": args.command,
     }
-    capture_ratio = undo["captured_step_s"] / undo["optimizer_step_s"]
-    at_scale = (capture_ratio - 1.0) * args.optimizer_share
-    overheads = {
-        "at_scale": at_scale if args.undo_overhead is None else args.undo_overhead,
-        "none": 0.0,
-        "as_measured_on_cpu": undo["overhead_fraction"],
+
+
+def torchrun_protocol(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The cold-torchrun route's own job (different from the headline's)."""
+    sizes = sorted(
+        {s for r in runs if r["route"] == "torchrun" for s in r.get("checkpoint_file_bytes", [])}
+    )
+    return {
+        "job": "recd train --resume under torchrun --max-restarts 1, tiny profile "
+        "(1000 sessions), batch 64, embedding_dim 8, max_rows 1000, table_wise",
+        "world_size": 2,
+        "steps": TORCHRUN_STEPS,
+        "checkpoint_every": args.checkpoint_every,
+        "kill": f"rank {KILL_RANK} SIGKILLed once rank 0 logged step {args.kill_step}",
+        "checkpoint_bytes": sizes,
+        "repetitions": args.reps,
+        "threads": {"OMP_NUM_THREADS": 1, "workers": 2},
+        "launcher": "cold: fresh interpreters, imports, rendezvous",
+        "order": "interleaved with the other routes: see protocol.order",
+        "command": args.command,
     }
-    variants = {
-        k: run_simulation({**costs, "undo_overhead": v}, args) for k, v in overheads.items()
-    }
-    simulation = {
-        "simulated_speedup": variants["at_scale"]["simulated_speedup"],
-        "undo_overhead": overheads,
-        "capture_over_optimizer_step": capture_ratio,
-        "variants": variants,
-    }
+
+
+CAPTURE_KEYS = ("overhead_fraction", "train_step_s", "step_s", "captured_step_s", "capture_extra_s")
+
+
+def capture_spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and min-max over the successful capture runs of each capture figure."""
+    ok = [r for r in runs if r["route"] == "capture" and "error" not in r]
+    return {k: spread([r["capture"][k] for r in ok]) for k in CAPTURE_KEYS}
+
+
+def stall_spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Checkpoint stalls of every successful survivor and restart run."""
+    jobs = [r for r in runs if r["route"] in ("survivor", "restart") and "error" not in r]
+    return spread([s for r in jobs for s in r["checkpoint_stalls_s"]])
+
+
+def summarize(
+    args: argparse.Namespace, runs: list[dict[str, Any]], proto: dict[str, Any]
+) -> dict[str, Any]:
+    """Every figure from the runs: ratios with ranges, capture cost, simulation."""
+    routes = {route: summarize_route(runs, route) for route in routes_of(args)}
+    capture, stall = capture_spread(runs), stall_spread(runs)
+    complete = all("recovery_s" in routes[r] for r in ("survivor", "restart"))
+    simulation = (
+        run_simulation(routes, capture, stall, proto["checkpoint_bytes"], args)
+        if complete and capture["overhead_fraction"]["n"] and stall["n"]
+        else None
+    )
     return {
         "quick": args.quick,
-        "recovery_time_ratio": survivor_total / baseline_total,
-        "ratio_baseline": baseline_mode,
-        "recovery_time_ratio_same_launcher": survivor_total / restart_total,
-        "simulated_speedup": simulation["simulated_speedup"],
-        "recovery_time_s": {
-            "survivor": survivor_total,
-            "restart": restart_total,
-            "torchrun": torchrun_total,
-        },
-        "lost_steps": {
-            "survivor": med("survivor", "lost_steps"),
-            "restart": med("restart", "lost_steps"),
-            "torchrun": med("torchrun", "lost_steps"),
-        },
-        "phases_median_s": {
-            mode: {
-                k: med(mode, k)
-                for k in (measured[mode][0].get("timeline") or {})
-                if isinstance((measured[mode][0].get("timeline") or {}).get(k), float)
-            }
-            for mode in measured
-            if measured[mode]
-        },
-        "undo_capture": undo,
-        "simulation": {
-            "assumptions": {
-                "work_hours": args.work_hours,
-                "mtbf_median_hours": args.mtbf_median_hours,
-                "failure_gaps": "uniform on [0, 2 x median] for the whole job",
-                "trials": args.trials,
-                "checkpoint_cost_s": args.checkpoint_cost_s,
-                "step_s": args.step_s,
-                "scale_cost": args.scale_cost,
-                "headline_cadence_hours": args.headline_cadence,
-                "optimizer_share": args.optimizer_share,
-                **costs,
-            },
-            **simulation,
-        },
-        "config": {
-            "steps": args.steps,
-            "checkpoint_every": args.checkpoint_every,
-            "kill_step": args.kill_step,
-            "reps": args.reps,
-        },
-        "runs": measured,
+        **_ratios(routes, capture),
+        **_speedups(simulation),
+        "failed_runs": {route: len(s["failed_runs"]) for route, s in routes.items()},
+        "recovery_time_s": _route_medians(routes, "recovery_s"),
+        "lost_steps": _route_medians(routes, "lost_steps"),
+        "routes": routes,
+        "undo_capture": capture,
+        "checkpoint_stall_s": stall,
+        "simulation": simulation,
+        "protocol": proto,
+        "protocol_torchrun": torchrun_protocol(args, runs) if args.torchrun else None,
+        "runs": runs,
     }
 
 
-def write_markdown(result: dict[str, Any], path: Path) -> None:
+def _ratios(routes: dict[str, Any], capture: dict[str, Any]) -> dict[str, Any]:
+    """The headline ratio (survivor / same-launcher restart) and the secondary ones."""
+    survivor = routes["survivor"].get("recovery_s", {})
+    headline = ratio(survivor, routes["restart"].get("recovery_s", {}))
+    cold = ratio(survivor, routes.get("torchrun", {}).get("recovery_s", {}))
+    return {
+        "recovery_time_ratio": headline["value"],
+        "recovery_time_ratio_range": headline["range"],
+        "ratio_baseline": "restart",
+        "recovery_time_ratio_restart_without_capture": _restart_without_capture(routes, capture),
+        "recovery_time_ratio_vs_cold_torchrun": cold["value"],
+        "recovery_time_ratio_vs_cold_torchrun_range": cold["range"],
+    }
+
+
+def _speedups(simulation: dict[str, Any] | None) -> dict[str, Any]:
+    """The measured simulated speedup, its range, and the named assumed variants."""
+    variants = simulation["variants"] if simulation else {}
+
+    def of(name: str) -> float | None:
+        return variants[name]["simulated_speedup"] if name in variants else None
+
+    return {
+        "simulated_speedup": of("measured"),
+        "simulated_speedup_range": simulation["simulated_speedup_range"] if simulation else None,
+        "simulated_speedup_assumed_capture_0_05": of("assumed_capture_0_05"),
+        "simulated_speedup_assumed_at_scale": of("assumed_at_scale"),
+    }
+
+
+def _route_medians(routes: dict[str, Any], key: str) -> dict[str, float | None]:
+    return {r: s.get(key, {}).get("median") for r, s in routes.items() if r != "capture"}
+
+
+def _restart_without_capture(routes: dict[str, Any], capture: dict[str, Any]) -> float | None:
+    """survivor / (restart minus the capture time of its replayed steps): the restart route
+    runs the job's captured step though it never undoes one."""
+    restart, survivor = routes["restart"], routes["survivor"]
+    if (
+        "recovery_s" not in restart
+        or "recovery_s" not in survivor
+        or not capture["capture_extra_s"]["n"]
+    ):
+        return None
+    extra = max(capture["capture_extra_s"]["median"], 0.0) * restart["lost_steps"]["median"]
+    return survivor["recovery_s"]["median"] / (restart["recovery_s"]["median"] - extra)
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    order = plan_order(routes_of(args), args.reps, args.seed)
+    if args.torchrun:
+        make_table(work)  # built once, before any timed run
+    before = list(os.getloadavg())
+    runs = run_schedule(order, measurer(work, args))
+    proto = protocol(args, order, [before, list(os.getloadavg())])
+    return summarize(args, runs, proto)
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _fmt_range(values: Sequence[float] | None, digits: int = 3) -> str:
+    return "n/a" if not values else f"{values[0]:.{digits}f}-{values[1]:.{digits}f}"
+
+
+def markdown_lines(result: dict[str, Any]) -> list[str]:
+    """The Markdown report: headline, spread per route, simulation table (no ``# `` title:
+    the README embeds it under its own heading)."""
+    proto = result["protocol"]
     lines = [
-        "# Failure recovery (issue 6)",
+        f"recovery_time_ratio (survivor / restart-and-reload, same warm launcher, same job, "
+        f"{_size_text(proto['checkpoint_bytes'])} checkpoint): "
+        f"**{_fmt(result['recovery_time_ratio'])}** "
+        f"(range {_fmt_range(result['recovery_time_ratio_range'])}; repetitions per route: "
+        f"{proto['repetitions']}, in random order; failed runs: "
+        + ", ".join(f"{k} {v}" for k, v in result["failed_runs"].items())
+        + ")",
         "",
-        f"recovery_time_ratio (survivor / {result['ratio_baseline']}): "
-        f"**{result['recovery_time_ratio']:.3f}**; survivor / same-launcher restart: "
-        f"{result['recovery_time_ratio_same_launcher']:.3f}; simulated speedup "
-        f"**{result['simulated_speedup']:.3f}x**",
+        f"Simulated speedup at measured costs: **{_fmt(result['simulated_speedup'])}x** "
+        f"(range {_fmt_range(result['simulated_speedup_range'])}); assumed variants: "
+        f"capture 5% of a step {_fmt(result['simulated_speedup_assumed_capture_0_05'])}x, "
+        f"at-scale costs {_fmt(result['simulated_speedup_assumed_at_scale'])}x. "
+        f"Cold torchrun (a different, tiny job): survivor / torchrun "
+        f"{_fmt(result['recovery_time_ratio_vs_cold_torchrun'])}.",
         "",
-        "| route | recovery s | lost steps |",
-        "|---|---|---|",
+        f"Job: {proto['world_size']} ranks x 1 thread, {proto['model']['tables']} tables x "
+        f"{proto['model']['rows']:,} rows x {proto['model']['dim']}, {proto['steps']} steps, "
+        f"checkpoint every {proto['checkpoint_every']}, rank {proto['kill_rank']} killed in step "
+        f"{proto['kill_step']}; load average {proto['loadavg_before'][0]:.2f} before, "
+        f"{proto['loadavg_after'][0]:.2f} after; `{proto['command']}`",
+        "",
+        "| route | recovery s (median) | min-max | lost steps | runs ok / failed |",
+        "|---|---|---|---|---|",
     ]
-    for mode in ("survivor", "restart", "torchrun"):
+    for route, s in result["routes"].items():
+        if route == "capture":
+            continue
+        rec = s.get("recovery_s", {})
         lines.append(
-            f"| {mode} | {result['recovery_time_s'][mode]:.3f} | {result['lost_steps'][mode]} |"
+            f"| {route} | {_fmt(rec.get('median'))} | "
+            f"{_fmt_range([rec['min'], rec['max']] if rec.get('n') else None)} | "
+            f"{_fmt(s.get('lost_steps', {}).get('median'), 0)} | "
+            f"{s['runs_ok']} / {len(s['failed_runs'])} |"
         )
-    lines += [
+    failed = [
+        f"- failed: {route} rep {f['rep']} (run {f['position'] + 1}): {f['error']}"
+        for route, s in result["routes"].items()
+        for f in s["failed_runs"]
+    ]
+    return (
+        lines
+        + (["", *failed] if failed else [])
+        + _capture_lines(result)
+        + _simulation_lines(result)
+    )
+
+
+def _size_text(size_bytes: float) -> str:
+    return f"{size_bytes / 1e9:.2f} GB" if size_bytes >= 1e8 else f"{size_bytes / 1e6:.1f} MB"
+
+
+def _capture_lines(result: dict[str, Any]) -> list[str]:
+    cap = result["undo_capture"]["overhead_fraction"]
+    step = result["undo_capture"]["train_step_s"]
+    return [
+        "",
+        f"Update-undo capture: {_fmt(cap['median'])} of a {_fmt(step['median'], 4)} s step "
+        f"(range {_fmt_range([cap['min'], cap['max']] if cap['n'] else None)}); checkpoint "
+        f"stall {_fmt(result['checkpoint_stall_s']['median'], 2)} s.",
+    ]
+
+
+def _simulation_lines(result: dict[str, Any]) -> list[str]:
+    sim = result["simulation"]
+    if sim is None:
+        return ["", "Simulation: not run (a route has no successful run)."]
+    scaling = sim["reload_scaling"]
+    note = (
+        f"reload and checkpoint costs scaled x{scaling['factor']:.1f} from "
+        f"{_size_text(scaling['measured_checkpoint_bytes'])} to "
+        f"{_size_text(scaling['target_checkpoint_bytes'])} at the measured bytes/s"
+        if scaling["scaled"]
+        else "costs as measured"
+    )
+    lines = [
+        "",
+        f"Simulation at measured costs ({note}; {sim['scenario']['work_hours']:.0f} h of work, "
+        f"failures every {sim['scenario']['mtbf_median_hours']:.0f} h median):",
         "",
         "| cadence h | checkpoint wall h | survivor wall h | speedup |",
         "|---|---|---|---|",
     ]
-    for row in result["simulation"]["variants"]["at_scale"]["rows"]:
+    for row in sim["variants"]["measured"]["rows"]:
         lines.append(
             f"| {row['cadence_hours']} | {row['checkpoint_wall_hours']:.2f} | "
             f"{row['survivor_wall_hours']:.2f} | {row['speedup']:.3f} |"
         )
-    path.write_text("\n".join(lines) + "\n")
+    return lines
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="1 repetition, no torchrun job")
-    parser.add_argument("--reps", type=int, help="repetitions (default 3, quick 1)")
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--quick", action="store_true", help="7.7 MB checkpoint, no torchrun")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions per route")
+    parser.add_argument("--tables", type=int, help="default 8 (quick 4)")
+    parser.add_argument("--rows", type=int, help="rows per table, default 700000 (quick 20000)")
+    parser.add_argument("--dim", type=int, help="embedding width, default 16 (quick 8)")
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--checkpoint-every", type=int, default=5)
     parser.add_argument("--kill-step", type=int, default=9)
-    parser.add_argument("--no-torchrun", dest="torchrun", action="store_false", default=None)
+    parser.add_argument("--job-timeout-s", type=float, default=300.0)
+    parser.add_argument("--torchrun", action="store_true", default=None, help="default: not quick")
+    parser.add_argument("--no-torchrun", dest="torchrun", action="store_false")
     parser.add_argument("--work-hours", type=float, default=7 * 24.0)
     parser.add_argument("--mtbf-median-hours", type=float, default=17.0)
     parser.add_argument("--trials", type=int, default=300)
-    parser.add_argument("--checkpoint-cost-s", type=float, default=60.0)
-    parser.add_argument("--step-s", type=float, default=0.5, help="a step at scale")
-    parser.add_argument("--scale-cost", type=float, default=10.0)
     parser.add_argument(
-        "--optimizer-share",
+        "--reload-target-gb",
         type=float,
-        default=0.05,
-        help="the optimizer's share of a training step at scale (GPU DLRM)",
+        default=1.0,
+        help="scale the simulation's reload and checkpoint costs up to this checkpoint size",
     )
-    parser.add_argument("--undo-overhead", type=float, help="override the at-scale fraction")
     parser.add_argument(
         "--cadence-hours", type=float, nargs="+", default=[0.25, 0.5, 1.0, 2.0, 4.0]
     )
     parser.add_argument("--headline-cadence", type=float, default=1.0)
+    at_scale = parser.add_argument_group("the assumed at-scale variant (not the headline)")
+    at_scale.add_argument("--at-scale-step-s", type=float, default=0.5)
+    at_scale.add_argument("--at-scale-checkpoint-cost-s", type=float, default=60.0)
+    at_scale.add_argument("--at-scale-cost-factor", type=float, default=10.0)
+    at_scale.add_argument("--at-scale-optimizer-share", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", type=Path)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    args.reps = args.reps or (1 if args.quick else 3)
+    size = QUICK_SIZE if args.quick else FULL_SIZE
+    args.tables = args.tables or size.tables
+    args.rows = args.rows or size.rows
+    args.dim = args.dim or size.dim
     if args.torchrun is None:
         args.torchrun = not args.quick
+    if args.reps < 1:
+        parser.error("--reps must be at least 1")
     if args.headline_cadence not in args.cadence_hours:
         parser.error("--headline-cadence must be one of --cadence-hours")
+    given = sys.argv[1:] if argv is None else argv
+    args.command = " ".join(["python benchmarks/recovery.py", *given])
     return args
 
 
@@ -465,14 +1041,22 @@ def main(argv: list[str] | None = None) -> int:
         result = run(args, work)
     out = args.out or RESULTS / ("recovery_quick.json" if args.quick else "recovery.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=str))
-    write_markdown(result, out.with_suffix(".md"))
-    print(
-        f"recovery_time_ratio {result['recovery_time_ratio']:.3f} "
-        f"(vs {result['ratio_baseline']}), simulated_speedup {result['simulated_speedup']:.3f}"
-    )
-    print(f"wrote {out}")
+    out.write_text(json.dumps(_json_safe(result), indent=1) + "\n")
+    out.with_suffix(".md").write_text("\n".join(markdown_lines(result)) + "\n")
+    print(markdown_lines(result)[0])
+    print(f"simulated_speedup {_fmt(result['simulated_speedup'])}; wrote {out}")
     return 0
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN and inf as null: strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 if __name__ == "__main__":

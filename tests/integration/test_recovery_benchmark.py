@@ -1,4 +1,5 @@
-"""benchmarks/recovery.py: the simulation's bookkeeping, and the quick run end to end."""
+"""benchmarks/recovery.py: the simulation's bookkeeping, the protocol (seeded interleaved order,
+failures counted, reload scaling) and the quick run end to end."""
 
 from __future__ import annotations
 
@@ -68,15 +69,152 @@ def test_simulation_accounts_for_checkpoints_failures_and_rollback() -> None:
     assert slow == pytest.approx(110.0 + 6.0)
 
 
-@pytest.mark.timeout(240)
-def test_quick_benchmark_writes_ratio_and_speedup(tmp_path: Path) -> None:
+def test_order_is_seeded_complete_and_interleaved() -> None:
+    bench = load_benchmark()
+    routes = ["survivor", "restart", "capture"]
+    order = bench.plan_order(routes, 3, seed=0)
+    assert sorted(order) == sorted((r, i) for r in routes for i in range(3))
+    assert order == bench.plan_order(routes, 3, seed=0)
+    assert order != bench.plan_order(routes, 3, seed=1)
+    grouped = [(r, i) for r in routes for i in range(3)]
+    assert order != grouped and order != [(r, i) for i in range(3) for r in routes]
+
+
+def test_failed_runs_are_counted_and_kept_out_of_the_median_only() -> None:
+    bench = load_benchmark()
+    totals = {("restart", 0): 2.0, ("restart", 2): 4.0, ("survivor", 0): 1.0}
+
+    def measure(route: str, rep: int) -> dict[str, object]:
+        if route == "survivor" and rep == 1:
+            raise RuntimeError("rank 0 failed with exit code 1")
+        if route == "restart" and rep == 1:
+            return {"error": "exit code 0, no recovery observed"}
+        total = totals.get((route, rep), 3.0)
+        return {"timeline": {"total": total, "lost_steps": 1, "load": total / 10}}
+
+    order = bench.plan_order(["survivor", "restart"], 3, seed=0)
+    runs = bench.run_schedule(order, measure)
+    assert len(runs) == 6 and [r["position"] for r in runs] == list(range(6))
+    assert all(len(r["loadavg_before"]) == 3 and len(r["loadavg_after"]) == 3 for r in runs)
+    survivor = bench.summarize_route(runs, "survivor")
+    restart = bench.summarize_route(runs, "restart")
+    assert (survivor["runs"], survivor["runs_ok"]) == (3, 2)
+    assert survivor["failed_runs"][0]["rep"] == 1
+    assert "RuntimeError: rank 0 failed" in survivor["failed_runs"][0]["error"]
+    assert restart["failed_runs"][0]["error"] == "exit code 0, no recovery observed"
+    assert survivor["recovery_s"]["median"] == 2.0  # (1.0, 3.0): the failed run is not a value
+    assert restart["recovery_s"]["median"] == 3.0  # (2.0, 4.0)
+    ratio = bench.ratio(survivor["recovery_s"], restart["recovery_s"])
+    assert ratio["value"] == pytest.approx(2.0 / 3.0)
+    assert ratio["range"] == pytest.approx([1.0 / 4.0, 3.0 / 2.0])
+
+
+def test_a_route_that_always_fails_is_reported_not_hidden() -> None:
+    bench = load_benchmark()
+    args = bench.parse_args(["--quick", "--reps", "3"])
+    phases = {"detection": 0.1, "restart": 0.1, "rendezvous": 1.0, "load": 0.5}
+    timeline = {**phases, "first_step": 0.3, "replay": 0.2, "total": 2.2, "lost_steps": 4}
+
+    def measure(route: str, rep: int) -> dict[str, object]:
+        if route == "survivor":
+            raise RuntimeError(f"rank 1 (generation 1) failed with exit code 1 in rep {rep}")
+        if route == "capture":
+            return {"capture": dict.fromkeys(bench.CAPTURE_KEYS, 0.1)}
+        return {"timeline": timeline, "checkpoint_stalls_s": [0.5]}
+
+    order = bench.plan_order(bench.routes_of(args), args.reps, args.seed)
+    runs = bench.run_schedule(order, measure)
+    proto = bench.protocol(args, order, [[0.0] * 3, [0.0] * 3])
+    result = bench.summarize(args, runs, proto)
+    assert result["failed_runs"] == {"survivor": 3, "restart": 0, "capture": 0}
+    assert result["recovery_time_ratio"] is None and result["simulated_speedup"] is None
+    assert result["recovery_time_s"] == {"survivor": None, "restart": 2.2}
+    markdown = "\n".join(bench.markdown_lines(result))
+    assert "failed runs: survivor 3" in markdown
+    assert markdown.count("- failed: survivor rep") == 3
+    assert "Simulation: not run" in markdown
+
+
+def test_reload_is_scaled_only_below_the_target_size() -> None:
+    bench = load_benchmark()
+    phases = {"detection": 0.1, "restart": 0.1, "rendezvous": 1.0, "load": 0.5, "first_step": 0.3}
+    routes = {
+        "survivor": {"phases_median_s": phases, "lost_steps": {"median": 1.0}},
+        "restart": {"phases_median_s": {**phases, "load": 1.0}, "lost_steps": {"median": 4.0}},
+    }
+    capture = {"train_step_s": {"median": 0.2}, "overhead_fraction": {"median": 0.1}}
+    stall = {"median": 2.0}
+    big = bench.reload_scaling(routes, 2_000_000_000, 2.0, 1e9)
+    assert big["factor"] == 1.0 and not big["scaled"]
+    assert big["restart_reload_bytes_per_s"] == pytest.approx(2e9)
+    inputs = bench.measured_inputs(routes, capture, stall, big)
+    assert inputs["restart_fixed_s"] == pytest.approx(2.5)
+    assert inputs["survivor_fixed_s"] == pytest.approx(2.0)
+    assert inputs["checkpoint_cost_s"] == 2.0 and inputs["undo_overhead"] == 0.1
+    small = bench.reload_scaling(routes, 250_000_000, 2.0, 1e9)
+    assert small["factor"] == pytest.approx(4.0) and small["scaled"]
+    scaled = bench.measured_inputs(routes, capture, stall, small)
+    assert scaled["restart_fixed_s"] == pytest.approx(2.5 + 3 * 1.0)
+    assert scaled["survivor_fixed_s"] == pytest.approx(2.0 + 3 * 0.5)
+    assert scaled["checkpoint_cost_s"] == pytest.approx(8.0)
+
+
+def _strict(text: str) -> object:
+    def refuse(name: str) -> object:
+        raise ValueError(f"not strict JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.timeout(300)
+def test_quick_benchmark_writes_ratio_spread_protocol_and_simulation(tmp_path: Path) -> None:
     bench = load_benchmark()
     out = tmp_path / "recovery.json"
-    argv = ["--quick", "--trials", "5", "--work-hours", "48", "--work-dir", str(tmp_path / "w")]
-    assert bench.main([*argv, "--out", str(out)]) == 0
-    result = json.loads(out.read_text())
+    argv = ["--quick", "--reps", "2", "--trials", "5", "--work-hours", "48"]
+    argv += ["--work-dir", str(tmp_path / "w"), "--out", str(out)]
+    assert bench.main(argv) == 0
+    result = _strict(out.read_text())
+    assert isinstance(result, dict)
     assert result["ratio_baseline"] == "restart"
-    assert result["recovery_time_ratio"] > 0 and result["simulated_speedup"] > 0
+    assert result["failed_runs"] == {"survivor": 0, "restart": 0, "capture": 0}
+    lo, hi = result["recovery_time_ratio_range"]
+    assert 0 < lo <= result["recovery_time_ratio"] <= hi
+    survivor, restart = result["routes"]["survivor"], result["routes"]["restart"]
+    assert survivor["recovery_s"]["n"] == restart["recovery_s"]["n"] == 2
+    assert result["recovery_time_ratio"] == pytest.approx(
+        survivor["recovery_s"]["median"] / restart["recovery_s"]["median"]
+    )
     assert result["lost_steps"]["survivor"] == 1.0  # the undone step
     assert result["lost_steps"]["restart"] == 4.0  # steps 6..9 after the checkpoint at 5
-    assert (tmp_path / "recovery.md").exists()
+    proto = result["protocol"]
+    assert proto["world_size"] == 2 and proto["steps"] == 10 and proto["repetitions"] == 2
+    tables = proto["model"]["tables"] * proto["model"]["rows"] * proto["model"]["dim"]
+    assert proto["model"] == {"tables": 4, "rows": 20_000, "dim": 8}
+    n_params, header = divmod(proto["checkpoint_bytes"] - 8, 12)
+    assert header == 0 and tables < n_params < tables + 10_000  # tables + small MLPs
+    sizes = {s for r in result["runs"] for s in r.get("checkpoint_file_bytes", [])}
+    assert sizes == {proto["checkpoint_bytes"]}  # the files the jobs wrote
+    assert sorted(proto["order"]) == sorted(
+        f"{route}:{rep}" for route in ("survivor", "restart", "capture") for rep in range(2)
+    )
+    assert [f"{r['route']}:{r['rep']}" for r in result["runs"]] == proto["order"]
+    assert len(proto["loadavg_before"]) == 3 and len(proto["loadavg_after"]) == 3
+    assert proto["threads"]["torch_threads_per_worker"] == 1
+    assert proto["command"].startswith("python benchmarks/recovery.py --quick")
+    variants = result["simulation"]["variants"]
+    measured = variants["measured"]
+    assert measured["assumption"] is False and measured["assumed_inputs"] == []
+    capture = result["undo_capture"]["overhead_fraction"]
+    assert capture["n"] == 2 and measured["inputs"]["undo_overhead"] == capture["median"]
+    assert result["simulated_speedup"] == measured["simulated_speedup"]
+    assert variants["assumed_capture_0_05"]["assumption"] is True
+    assert variants["assumed_capture_0_05"]["inputs"]["undo_overhead"] == 0.05
+    assert (
+        result["simulated_speedup_assumed_capture_0_05"]
+        == (variants["assumed_capture_0_05"]["simulated_speedup"])
+    )
+    assert result["simulation"]["reload_scaling"]["scaled"]  # 7.7 MB, scaled to 1 GB
+    markdown = (tmp_path / "recovery.md").read_text()
+    assert not markdown.startswith("#")
+    assert markdown.startswith("recovery_time_ratio (survivor / restart-and-reload")
+    assert "| survivor |" in markdown and "| cadence h |" in markdown
