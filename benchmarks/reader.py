@@ -13,8 +13,9 @@ rows / seed / shards / row-group size were asked for). Every pass reads the whol
 Headline (same job on both sides: same rows, same batch size, same preprocessing, one core):
 ``reader_speedup`` = samples per CPU-second of clustered+IKJT over unclustered+KJT, both at
 ``--batch-size`` (2048) with the preprocessing every config runs; the IKJT groups are what
-``recd analyze`` proposes for the clustered table with this machine's cost model (so a group
-that would slow the reader down is not used; if none pays, clustered+IKJT is clustered+KJT).
+``recd analyze`` proposes for the clustered table, cost-aware (the reader timed on the table's
+own batches with and without each group, with the job's preprocessing: a group that would
+slow the reader down is not used; if none pays, clustered+IKJT is clustered+KJT).
 Beside it, each with the same rule:
 
 - ``reader_speedup_b6144``: the same at ``--recd-batch-size`` (3x the batch);
@@ -68,7 +69,7 @@ import pyarrow.parquet as pq
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recd.analyze import TableAnalysis, analyze_table, machine_cost_model
+from recd.analyze import TableAnalysis, analyze_table
 from recd.batch import Batch, SparseFeatures
 from recd.etl.commit import committed_partition_dirs
 from recd.etl.partitions import format_time_ms
@@ -675,20 +676,26 @@ def measure(
 
 
 def propose_groups(
-    clustered: Path, *, batch_size: int, recd_batch_size: int, end: str | None
+    clustered: Path,
+    *,
+    profile: str,
+    batch_size: int,
+    recd_batch_size: int,
+    end: str | None,
 ) -> dict[str, TableAnalysis]:
-    """``recd analyze``'s cost-aware proposal for each job of the benchmark."""
-    model = machine_cost_model()
+    """``recd analyze``'s cost-aware proposal for each job of the benchmark: the reader timed
+    on the clustered table's own batches with that job's batch size and preprocessing."""
+    preprocessing = job_preprocessing(load_catalogue(profile))
     jobs = {
-        "with_preprocessing": (batch_size, True),
-        "large": (recd_batch_size, True),
-        "no_preprocessing": (batch_size, False),
+        "with_preprocessing": (batch_size, preprocessing),
+        "large": (recd_batch_size, preprocessing),
+        "no_preprocessing": (batch_size, []),
     }
     out = {}
-    for job, (size, pre) in jobs.items():
+    for job, (size, specs) in jobs.items():
         print(f"analyzing {clustered} at batch size {size} ({job}) ...", flush=True)
         out[job] = analyze_table(
-            clustered, batch_size=size, end=end, cost_model=model, preprocessed=pre
+            clustered, batch_size=size, end=end, cost_aware=True, preprocessing=specs
         )
     return out
 
@@ -714,7 +721,11 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     )
     end = str(window["end"]) if window["end"] is not None else None
     analyses = propose_groups(
-        clustered, batch_size=args.batch_size, recd_batch_size=args.recd_batch_size, end=end
+        clustered,
+        profile=args.profile,
+        batch_size=args.batch_size,
+        recd_batch_size=args.recd_batch_size,
+        end=end,
     )
     print("building readers (TorchScript preprocessing) ...", flush=True)
     readers = build_readers(

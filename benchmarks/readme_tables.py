@@ -8,7 +8,12 @@ readme = (root / "README.md").read_text()
 parts = []
 sections = [
     ("storage", "Storage: log-bus shards and tables (O1, O2)", None),
-    ("reader", "Readers: KJT vs IKJT, clustered vs unclustered (O3, O4)", "reader.png"),
+    ("reader", "Readers: KJT vs IKJT, clustered vs unclustered (O3, O4), rm1-like", "reader.png"),
+    (
+        "reader_clickstream",
+        "Readers on the clickstream profile (the shape of a real session log)",
+        "reader_clickstream.png",
+    ),
     ("trainer", "Trainer: the RM1 ablation (O5-O7)", "trainer.png"),
     ("checkpoint", "Checkpoints", None),
     ("recovery", "Failure recovery", None),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 
 import pytest
 import torch
@@ -14,11 +13,6 @@ os.environ.setdefault("RECD_PROGRESS", "0")
 # One intra-op thread: on a 2-core machine torch's thread pool fights pytest, worker processes
 # and child processes for the cores and runs many times slower.
 torch.set_num_threads(1)
-# The dedup cost model is calibrated once per test session (a few seconds), never cached in
-# the user's home directory.
-os.environ["RECD_COST_CACHE"] = os.path.join(
-    tempfile.mkdtemp(prefix="recd-test-costs-"), "dedup_costs.json"
-)
 
 
 @pytest.fixture(scope="session")

@@ -2,16 +2,16 @@
 
 RecD's analytic model per feature (S, d(f), l(f), DedupeLen, DedupeFactor), the factor measured
 at the reader's own batch boundaries, and a ``dedup_sparse_features`` proposal that keeps only
-groups whose dedup is expected to make the reader faster on this machine (:mod:`.costs`).
+groups whose dedup makes the reader faster on this machine, timed on the table's own batches
+(:mod:`.costs`).
 """
 
 from recd.analyze.costs import (
     PAY_MARGIN,
-    CostModel,
-    GroupCost,
-    GroupShape,
-    calibrate,
-    machine_cost_model,
+    GroupTiming,
+    hash_all_preprocessing,
+    sample_batches,
+    time_group,
 )
 from recd.analyze.table import (
     DEFAULT_BATCH_SIZE,
@@ -34,6 +34,7 @@ from recd.analyze.table import (
     propose_groups,
     reader_dedup_counts,
     session_breaks,
+    table_sparse_features,
     write_json,
 )
 
@@ -42,27 +43,27 @@ __all__ = [
     "DEFAULT_SYNC_THRESHOLD",
     "DEFAULT_THRESHOLD",
     "PAY_MARGIN",
-    "CostModel",
     "FeatureAnalysis",
-    "GroupCost",
     "GroupProposal",
-    "GroupShape",
+    "GroupTiming",
     "RejectedGroup",
     "SyncPair",
     "TableAnalysis",
     "adjacent_unchanged",
     "analyze_rows",
     "analyze_table",
-    "calibrate",
     "dedup_group_values",
     "dedup_values",
     "dedupe_factor",
     "dedupe_len",
     "format_report",
+    "hash_all_preprocessing",
     "is_clustered",
-    "machine_cost_model",
     "propose_groups",
     "reader_dedup_counts",
+    "sample_batches",
     "session_breaks",
+    "table_sparse_features",
+    "time_group",
     "write_json",
 ]

@@ -27,13 +27,14 @@ stays that of the stored order, i.e. what a reader of that table gets.
 Proposal: features whose DedupeFactor (measured) exceeds ``threshold`` are candidates;
 synchronised candidates are grouped to share one inverse lookup. Two features are
 synchronised when the catalogue puts them in one ``group``, or when their change points
-coincide on at least ``sync_threshold`` of the adjacent within-session row pairs. With a cost
-model (:mod:`recd.analyze.costs`, what ``recd analyze`` uses), a candidate group is proposed
-only where deduplication is expected to make the reader faster on this machine: its predicted
-saving (plain KJT work minus dedup work, over the table's own batches) must exceed
-``costs.PAY_MARGIN`` of its plain cost; a single feature of at most one id per row is never
-proposed (a hash-table probe per row costs more than the one id it saves). Without a cost
-model (``cost_model=None``) the factor alone decides, as in the paper.
+coincide on at least ``sync_threshold`` of the adjacent within-session row pairs. Cost-aware
+(``cost_aware=True``, what ``recd analyze`` does), a candidate group is proposed only where
+deduplicating it makes the reader faster on this machine: the reader's conversion and the
+job's preprocessing are timed on a sample of the table's own batches with and without the
+group as an IKJT (:mod:`recd.analyze.costs`), and the saving must exceed
+``costs.PAY_MARGIN`` of the group's plain cost; a single feature of at most one id per row is
+never proposed (a hash-table probe per row costs more than the one id it saves). Otherwise the
+factor alone decides, as in the paper.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from recd.analyze.costs import PAY_MARGIN, CostModel, GroupShape
+from recd.analyze.costs import PAY_MARGIN, GroupTiming, sample_batches, time_group
 from recd.errors import ConfigError, SchemaError
 from recd.etl.commit import committed_partition_dirs
 from recd.etl.partitions import parse_time_ms
@@ -129,17 +130,17 @@ class GroupProposal:
     measured_factor: float
     """Measured factor of the group deduplicated as one (shared inverse lookup)."""
     plain_ms_per_1k: float | None = None
-    """Cost model: predicted reader CPU ms per 1k samples of the group's features as part
-    of the plain KJT (None: no cost model)."""
+    """Measured reader ms per 1k samples of the group's features in the plain KJT (conversion
+    and preprocessing; None: not cost-aware)."""
     dedup_ms_per_1k: float | None = None
-    """Cost model: the same as an IKJT."""
+    """The same with the group as an IKJT."""
     expected_saving_ms_per_1k: float | None = None
     """plain - dedup: what deduplicating the group saves the reader per 1k samples."""
 
 
 @dataclass(kw_only=True, slots=True)
 class RejectedGroup:
-    """A candidate group (factor above the threshold) that the cost model does not propose."""
+    """A candidate group (factor above the threshold) not proposed: it would not pay."""
 
     features: list[str]
     source: str
@@ -179,9 +180,9 @@ class TableAnalysis:
     synchronised_pairs: list[SyncPair] = field(default_factory=list)
     """Feature pairs whose change points coincide on >= sync_threshold of the pairs."""
     rejected: list[RejectedGroup] = field(default_factory=list)
-    """Candidate groups the cost model expects not to pay, with the reason."""
+    """Candidate groups that would not make the reader faster, with the reason."""
     cost_model: str = "none"
-    """How the proposal was chosen: "none" (factor only) or the cost model's basis."""
+    """How the proposal was chosen: "none" (factor only) or what the timing measured."""
     batches: int = 0
     """Reader batches of B rows over the analysed window (the last one may be partial)."""
 
@@ -256,16 +257,6 @@ class _DedupCounts:
     ids: int = 0
     distinct_rows: int = 0
     distinct_ids: int = 0
-
-    def shape(self) -> GroupShape:
-        return GroupShape(
-            batches=self.batches,
-            rows=self.rows,
-            keys=self.keys,
-            ids=self.ids,
-            distinct_rows=self.distinct_rows,
-            distinct_ids=self.distinct_ids,
-        )
 
     @property
     def factor(self) -> float:
@@ -354,6 +345,14 @@ def _iter_partitions(
             yield str(partition), pa.concat_tables(parts).combine_chunks()
 
 
+def table_sparse_features(table: str | Path) -> list[str]:
+    """The sparse features of a table's catalogue (SchemaError when it has none)."""
+    catalogue = _read_catalogue(Path(table))
+    if catalogue is None:
+        raise SchemaError(f"{table}: no recd catalogue in the table; list the features")
+    return catalogue.sparse_names
+
+
 def _read_catalogue(table: Path) -> Catalogue | None:
     for _, directory in committed_partition_dirs(table):
         for path in sorted(directory.glob("*.parquet")):
@@ -367,6 +366,8 @@ def _read_catalogue(table: Path) -> Catalogue | None:
 
 GroupCounter = Callable[[list[list[str]]], list["_DedupCounts"]]
 """Counts the dedup of each group over the batches of the source being analysed."""
+GroupTimer = Callable[[list[str]], GroupTiming]
+"""Times the reader with and without a group deduplicated (:func:`costs.time_group`)."""
 
 
 def analyze_table(
@@ -378,16 +379,17 @@ def analyze_table(
     features: list[str] | None = None,
     start: str | None = None,
     end: str | None = None,
-    cost_model: CostModel | None = None,
-    preprocessed: bool = False,
+    cost_aware: bool = False,
+    preprocessing: list[dict[str, Any]] | None = None,
     show_progress: bool = False,
+    timer: GroupTimer | None = None,
 ) -> TableAnalysis:
     """Measure S, d(f), l(f) and the dedup factors of ``table``; propose dedup groups.
 
-    ``cost_model`` (e.g. :func:`recd.analyze.costs.machine_cost_model`) keeps only groups
-    expected to make the reader faster; ``preprocessed`` says whether the reader job runs
-    per-id preprocessing (hashing) on the sparse features, which dedup then runs once per
-    distinct row. Without a cost model the factor alone decides.
+    ``cost_aware`` keeps only groups whose dedup makes the reader faster, timed on the
+    table's own batches with the job's ``preprocessing`` (reader config specs; the sparse
+    ones matter: dedup runs them once per distinct row). Otherwise the factor alone decides.
+    ``timer`` replaces that timing (e.g. with costs measured elsewhere).
     """
     if batch_size < 1:
         raise ConfigError(f"analyze: batch_size must be >= 1, got {batch_size}")
@@ -414,6 +416,15 @@ def analyze_table(
             root, groups, batch_size=batch_size, start=start, end=end, show_progress=show_progress
         )
 
+    sample: list[pa.Table] = []
+
+    def time_on_sample(group: list[str]) -> GroupTiming:
+        if not sample:  # read once, for the first group that needs timing
+            sample.extend(
+                sample_batches(root, features, batch_size=batch_size, start=start, end=end)
+            )
+        return time_group(sample, group, features, preprocessing=preprocessing or [])
+
     return _summarise(
         root,
         catalogue,
@@ -423,8 +434,8 @@ def analyze_table(
         batch_size=batch_size,
         threshold=threshold,
         sync_threshold=sync_threshold,
-        cost_model=cost_model,
-        preprocessed=preprocessed,
+        timer=timer or (time_on_sample if cost_aware else None),
+        preprocessing=preprocessing or [],
     )
 
 
@@ -470,8 +481,8 @@ def analyze_rows(
         batch_size=batch_size,
         threshold=threshold,
         sync_threshold=sync_threshold,
-        cost_model=None,
-        preprocessed=False,
+        timer=None,
+        preprocessing=[],
     )
 
 
@@ -512,8 +523,8 @@ def _summarise(
     batch_size: int,
     threshold: float,
     sync_threshold: float,
-    cost_model: CostModel | None,
-    preprocessed: bool,
+    timer: GroupTimer | None,
+    preprocessing: list[dict[str, Any]],
 ) -> TableAnalysis:
     s = totals.rows / totals.sessions
     cat_group = {f.name: f.group for f in catalogue.sparse} if catalogue is not None else {}
@@ -560,7 +571,7 @@ def _summarise(
     rejected: list[RejectedGroup] = []
     for group, source in groups:
         c = counts[tuple(group)]
-        verdict = _cost_verdict(c, group, mean_length, cost_model, preprocessed)
+        verdict = _cost_verdict(group, mean_length, timer)
         if verdict.reason is None:
             proposals.append(
                 GroupProposal(
@@ -583,11 +594,11 @@ def _summarise(
                 )
             )
     basis = "none"
-    if cost_model is not None:
+    if timer is not None:
+        kinds = sorted({spec["kind"] for spec in preprocessing}) or ["no preprocessing"]
         basis = (
-            "reader CPU time on this machine ("
-            + ("hash_modulo preprocessing" if preprocessed else "no preprocessing")
-            + f"; a group must save > {PAY_MARGIN:.0%} of its plain cost)"
+            f"the reader timed on this machine on the table's own batches ({', '.join(kinds)}); "
+            f"a group must save > {PAY_MARGIN:.0%} of its plain cost"
         )
     return TableAnalysis(
         table=str(root),
@@ -616,32 +627,27 @@ class _Verdict:
 
 
 def _cost_verdict(
-    counts: _DedupCounts,
-    group: list[str],
-    mean_length: dict[str, float],
-    cost_model: CostModel | None,
-    preprocessed: bool,
+    group: list[str], mean_length: dict[str, float], timer: GroupTimer | None
 ) -> _Verdict:
-    """Proposed (reason None) or why not, with the predicted reader costs per 1k samples."""
-    if cost_model is None:
+    """Proposed (reason None) or why not, with the measured reader costs per 1k samples."""
+    if timer is None:
         return _Verdict(reason=None)
-    cost = cost_model.cost(counts.shape(), preprocessed=preprocessed)
-    per_1k = 1e6 / max(1, counts.rows)
+    if len(group) == 1 and mean_length[group[0]] <= 1.0:
+        return _Verdict(
+            reason="a single feature of at most one id per row: a hash probe per row costs "
+            "more than the id it saves"
+        )
+    t = timer(group)
     verdict = _Verdict(
         reason=None,
-        plain_ms_per_1k=cost.plain_s * per_1k,
-        dedup_ms_per_1k=cost.dedup_s * per_1k,
-        saving_ms_per_1k=cost.saving_ms_per_1k,
+        plain_ms_per_1k=t.plain_cost_ms_per_1k,
+        dedup_ms_per_1k=t.dedup_cost_ms_per_1k,
+        saving_ms_per_1k=t.saving_ms_per_1k,
     )
-    if len(group) == 1 and mean_length[group[0]] <= 1.0:
+    if not t.pays:
         verdict.reason = (
-            "a single feature of at most one id per row: a hash probe per row costs more than "
-            "the id it saves"
-        )
-    elif not cost.pays:
-        verdict.reason = (
-            f"expected to cost the reader {cost.dedup_s * per_1k:.3f} ms per 1k samples as an "
-            f"IKJT against {cost.plain_s * per_1k:.3f} ms in the plain KJT"
+            f"costs the reader {t.dedup_cost_ms_per_1k:.3f} ms per 1k samples as an IKJT "
+            f"against {t.plain_cost_ms_per_1k:.3f} ms in the plain KJT (measured)"
         )
     return verdict
 
@@ -709,10 +715,10 @@ def format_report(analysis: TableAnalysis) -> str:
             f"{r.dedupe_factor:>7.2f} {r.measured_factor:>8.2f}  {mark}"
         )
     lines.append("")
-    lines.append(f"{a.batches} reader batches of B = {a.batch_size}; cost model: {a.cost_model}")
+    lines.append(f"{a.batches} reader batches of B = {a.batch_size}; cost-aware: {a.cost_model}")
     for g in a.groups:
         saving = (
-            f", expected saving {g.expected_saving_ms_per_1k:.3f} ms per 1k samples "
+            f", saves the reader {g.expected_saving_ms_per_1k:.3f} ms per 1k samples "
             f"({g.plain_ms_per_1k:.3f} -> {g.dedup_ms_per_1k:.3f})"
             if g.expected_saving_ms_per_1k is not None
             else ""

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import tomllib
 from pathlib import Path
+from typing import Any
 
 from recd.analyze import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_SYNC_THRESHOLD,
     DEFAULT_THRESHOLD,
+    PAY_MARGIN,
     analyze_table,
     format_report,
-    machine_cost_model,
+    hash_all_preprocessing,
+    table_sparse_features,
     write_json,
 )
+from recd.errors import ConfigError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,10 +30,12 @@ def register(sub: argparse._SubParsersAction) -> None:
             "session), d(f) (unchanged fraction of adjacent pairs in a session) and l(f) (mean "
             "length); print the analytic DedupeLen / DedupeFactor and the factor measured in "
             "the reader's own batches of B rows, and propose dedup_sparse_features: features "
-            "whose factor exceeds the threshold, synchronised ones grouped, kept only where a "
-            "cost model of this machine (calibrated once in a few seconds, then cached) "
-            "expects the group to save the reader more than 10% of its plain "
-            "KJT cost. A single feature of one id per row is never proposed."
+            "whose factor exceeds the threshold, synchronised ones grouped, kept only where "
+            "deduplicating makes the reader faster: the reader's conversion and the job's "
+            "preprocessing are timed on a sample of the table's own batches with and without "
+            f"each group (a few seconds per group); a group must save more than "
+            f"{PAY_MARGIN:.0%} of its plain cost. A single feature of one id per row is never "
+            "proposed."
         ),
     )
     parser.add_argument("table", type=Path, metavar="TABLE", help="table root directory")
@@ -54,41 +61,64 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--start", metavar="ISO", help="first partition hour, inclusive")
     parser.add_argument("--end", metavar="ISO", help="partition hour to stop before, exclusive")
-    parser.add_argument(
+    job = parser.add_mutually_exclusive_group()
+    job.add_argument(
         "--preprocessed",
         action="store_true",
-        help="the reader job hashes the sparse ids (hash_modulo): dedup also saves that work "
-        "on repeated rows (default: no per-id preprocessing, the cautious choice)",
+        help="the reader job hashes every sparse id (hash_modulo): dedup also saves that work "
+        "on repeated rows (default: no preprocessing)",
     )
-    parser.add_argument(
+    job.add_argument(
+        "--reader-config",
+        type=Path,
+        metavar="TOML",
+        help="time the job's own preprocessing: the [reader] preprocessing list of this "
+        "training config",
+    )
+    job.add_argument(
         "--factor-only",
         action="store_true",
-        help="propose by the dedup factor alone, without the cost model (the paper's rule)",
-    )
-    parser.add_argument(
-        "--recalibrate",
-        action="store_true",
-        help="measure this machine's dedup costs again instead of using the cached model",
+        help="propose by the dedup factor alone, without timing the reader (the paper's rule)",
     )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the analysis as JSON")
     parser.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    cost_model = None if args.factor_only else machine_cost_model(recalibrate=args.recalibrate)
+    preprocessing: list[dict[str, Any]] = []
+    if args.preprocessed:
+        preprocessing = hash_all_preprocessing(args.features or table_sparse_features(args.table))
+    elif args.reader_config is not None:
+        preprocessing = _job_preprocessing(args.reader_config)
     analysis = analyze_table(
         args.table,
-        cost_model=cost_model,
-        preprocessed=args.preprocessed,
-        show_progress=True,
         batch_size=args.batch_size,
         threshold=args.threshold,
         sync_threshold=args.sync_threshold,
         features=args.features,
         start=args.start,
         end=args.end,
+        cost_aware=not args.factor_only,
+        preprocessing=preprocessing,
+        show_progress=True,
     )
     print(format_report(analysis))
     if args.json is not None:
         write_json(analysis, args.json)
     return 0
+
+
+def _job_preprocessing(path: Path) -> list[dict[str, Any]]:
+    """The ``[reader] preprocessing`` list of a training config (empty when it has none)."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the reader config: {exc}") from exc
+    specs = data.get("reader", {}).get("preprocessing", [])
+    if not isinstance(specs, list) or not all(
+        isinstance(s, dict) and "kind" in s and "features" in s for s in specs
+    ):
+        raise ConfigError(
+            f"{path}: [reader] preprocessing must be a list of tables with kind and features"
+        )
+    return specs

@@ -51,7 +51,7 @@ def test_quick_run_writes_sane_results_and_reuses_its_tables(tmp_path: Path) -> 
     # Each job's groups come from recd analyze's cost model for that job.
     assert set(r["analysis"]) == {"with_preprocessing", "large", "no_preprocessing"}
     for job in r["analysis"].values():
-        assert job["cost_model"].startswith("reader CPU time on this machine")
+        assert job["cost_model"].startswith("the reader timed on this machine")
         for g in job["groups"]:
             assert g["expected_saving_ms_per_1k"] > 0
     assert (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -13,15 +14,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from recd.analyze import (
-    CostModel,
-    GroupShape,
+    PAY_MARGIN,
+    GroupTiming,
     analyze_table,
-    calibrate,
-    machine_cost_model,
+    hash_all_preprocessing,
+    sample_batches,
+    time_group,
 )
-from recd.analyze import costs as costs_module
-from recd.analyze.costs import TERMS, machine_fingerprint
 from recd.cli import analyze as analyze_cli
+from recd.errors import ConfigError
 from recd.reader import ReaderConfig
 from recd.reader.dataset import iter_batches
 from recd.schema import Catalogue, SparseFeature
@@ -78,37 +79,12 @@ def test_factor_no_longer_restarts_at_partitions(tmp_path: Path) -> None:
     assert f["static2"].values == 12 and f["static2"].values_after_dedup == 6
 
 
-# ---------------------------------------------------------------------- cost model
-def hand_model() -> CostModel:
-    """Hand-set coefficients of the order a calibration measured on a 2-core x86 VM: the IKJT
-    path pays ~100 us per batch and ~30 ns per row and key; per-id copies cost ~1 ns and
-    hashing an id ~6 ns."""
-
-    def fit(**terms: float) -> list[float]:
-        return [terms.get(t, 0.0) for t in TERMS]
-
-    none = {
-        "plain": fit(ids=1e-9),
-        "dedup": fit(batch=100e-6, row_keys=30e-9, ids=1e-9, distinct_ids=1e-9),
-    }
-    hashed = {
-        "plain": fit(keys=5e-6, ids=7e-9),
-        "dedup": fit(batch=130e-6, keys=5e-6, row_keys=30e-9, ids=1e-9, distinct_ids=7e-9),
-    }
-    return CostModel(
-        coefficients={
-            "none": {"short": none, "long": none},
-            "hash_modulo": {"short": hashed, "long": hashed},
-        },
-        machine=machine_fingerprint(),
-    )
-
-
+# ---------------------------------------------------------------------- cost-aware proposal
 def short_table() -> pa.Table:
     """Sessions of 11 rows, only length-1 features: an item id repeated most of the time
     (d = 0.9) and four context features constant per session (d = 1, synchronised)."""
     rng = np.random.default_rng(0)
-    rows, sessions = [], 200
+    rows, sessions = [], 400
     for s in range(sessions):
         item = int(rng.integers(1 << 30))
         for i in range(11):
@@ -127,6 +103,7 @@ SHORT = Catalogue(
     name="short",
     sparse=[SparseFeature(name="item"), *(SparseFeature(name=f"ctx{k}") for k in range(4))],
 )
+CONTEXT = ["ctx0", "ctx1", "ctx2", "ctx3"]
 
 
 def write_one(root: Path, table: pa.Table) -> Path:
@@ -137,92 +114,83 @@ def write_one(root: Path, table: pa.Table) -> Path:
     return root
 
 
-@pytest.mark.parametrize("preprocessed", [False, True])
-def test_length_one_features_are_not_proposed(tmp_path: Path, preprocessed: bool) -> None:
+def fixed_timer(*, saving_s: float) -> Callable[[list[str]], GroupTiming]:
+    """A timer that reports the same plain cost (10 ms) and the given saving for any group."""
+    return lambda group: GroupTiming(plain_s=0.02, dedup_s=0.02 - saving_s, base_s=0.01, rows=1000)
+
+
+def test_length_one_features_are_not_proposed(tmp_path: Path) -> None:
     root = write_one(tmp_path / "t", short_table())
     factor_only = analyze_table(root, batch_size=512)
     # The paper's rule proposes them all: the item factor is ~5, the context's ~11.
-    assert factor_only.dedup_sparse_features == [["item"], ["ctx0", "ctx1", "ctx2", "ctx3"]]
-    a = analyze_table(root, batch_size=512, cost_model=hand_model(), preprocessed=preprocessed)
+    assert factor_only.dedup_sparse_features == [["item"], CONTEXT]
+    # Timed on this machine, with per-id hashing (the most dedup can save per id): no group
+    # of length-1 features pays (a hash probe per row against one id saved per key).
+    prep = hash_all_preprocessing(SHORT.sparse_names)
+    a = analyze_table(root, batch_size=512, cost_aware=True, preprocessing=prep)
     assert a.dedup_sparse_features == []
     reasons = {tuple(r.features): r.reason for r in a.rejected}
     assert "at most one id per row" in reasons[("item",)]
-    assert "expected to cost the reader" in reasons[("ctx0", "ctx1", "ctx2", "ctx3")]
+    assert "(measured)" in reasons[tuple(CONTEXT)]
+    assert a.cost_model.startswith("the reader timed on this machine")
 
 
-def test_single_length_one_feature_is_refused_even_if_the_model_says_it_pays(
+def test_single_length_one_feature_is_refused_even_when_timing_says_it_pays(
     tmp_path: Path,
 ) -> None:
     root = write_one(tmp_path / "t", short_table())
-    free = hand_model()
-    for pre in free.coefficients.values():
-        for regime in pre.values():
-            regime["dedup"] = [0.0] * len(TERMS)  # a model where dedup costs nothing
-    a = analyze_table(root, batch_size=512, cost_model=free)
-    assert a.dedup_sparse_features == [["ctx0", "ctx1", "ctx2", "ctx3"]]
+    a = analyze_table(root, batch_size=512, timer=fixed_timer(saving_s=0.005))
+    assert a.dedup_sparse_features == [CONTEXT]
     assert [r.features for r in a.rejected] == [["item"]]
+    (group,) = a.groups
+    assert group.expected_saving_ms_per_1k == pytest.approx(5.0)
+    assert group.plain_ms_per_1k == pytest.approx(10.0)
+    assert group.dedup_ms_per_1k == pytest.approx(5.0)
 
 
-def test_long_repeated_rows_pay_only_with_per_id_work() -> None:
-    # 2048 rows of a 50-id history repeated 8x (~256 distinct rows per batch).
-    shape = GroupShape(
-        batches=1, rows=2048, keys=1, ids=50 * 2048, distinct_rows=256, distinct_ids=50 * 256
+@pytest.mark.parametrize(("saving_s", "proposed"), [(0.0011, True), (0.0009, False)])
+def test_a_group_must_save_more_than_the_margin(
+    tmp_path: Path, saving_s: float, proposed: bool
+) -> None:
+    # plain cost 10 ms: the margin (10%) is 1 ms
+    root = write_one(tmp_path / "t", short_table())
+    a = analyze_table(root, batch_size=512, timer=fixed_timer(saving_s=saving_s))
+    assert (a.dedup_sparse_features == [CONTEXT]) is proposed
+    assert PAY_MARGIN == 0.1
+
+
+def test_time_group_times_the_readers_own_batches(tmp_path: Path) -> None:
+    root = write_one(tmp_path / "t", short_table())  # 4400 rows
+    batches = sample_batches(root, SHORT.sparse_names, batch_size=512, start=None, end=None)
+    assert [b.num_rows for b in batches] == [512] * 8  # 8 full batches (of 8), evenly spaced
+    few = sample_batches(root, SHORT.sparse_names, batch_size=2048, start=None, end=None, count=3)
+    assert [b.num_rows for b in few] == [2048, 2048]
+    t = time_group(batches, CONTEXT, SHORT.sparse_names, preprocessing=[], reps=2)
+    assert t.rows == 8 * 512
+    assert min(t.plain_s, t.dedup_s, t.base_s) > 0
+    assert math.isfinite(t.saving_ms_per_1k)
+
+
+def test_cli_times_the_job_of_a_reader_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = write_one(tmp_path / "t", short_table())
+    config = tmp_path / "job.toml"
+    config.write_text(
+        '[reader]\ntable = "x"\npreprocessing = [{kind = "hash_modulo", '
+        'features = ["item", "ctx0"], modulo = 1000}]\n'
     )
-    model = hand_model()
-    assert model.cost(shape, preprocessed=True).pays
-    assert not model.cost(shape, preprocessed=False).pays  # a copy per id is cheap
-
-
-def test_proposal_reports_expected_savings(tmp_path: Path) -> None:
-    root = write_one(tmp_path / "t", hand_table())
-    a = analyze_table(root, batch_size=3, threshold=1.4, cost_model=hand_model())
-    for g in a.groups:
-        assert g.expected_saving_ms_per_1k is not None and g.expected_saving_ms_per_1k > 0
-    assert "cost model: reader CPU time on this machine" in analyze_cli_text(root, tmp_path)
-
-
-def analyze_cli_text(root: Path, tmp_path: Path) -> str:
-    cache = tmp_path / "costs.json"
-    cache.write_text(json.dumps(hand_model().to_dict()))
     parser = argparse.ArgumentParser(prog="recd")
     analyze_cli.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(
-        ["analyze", str(root), "--batch-size", "3", "--json", str(tmp_path / "a.json")]
-    )
-    import contextlib
-    import io
-
-    out = io.StringIO()
-    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
-        mp.setenv(costs_module.CACHE_ENV, str(cache))
-        assert args.func(args) == 0
-    data = json.loads((tmp_path / "a.json").read_text())
-    assert "rejected" in data and data["cost_model"].startswith("reader CPU time")
-    return out.getvalue()
-
-
-def test_calibration_fits_every_path_and_is_cached(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    model = calibrate(quick=True)
-    for pre in ("none", "hash_modulo"):
-        for regime in ("short", "long"):
-            for path in ("plain", "dedup"):
-                coef = model.coefficients[pre][regime][path]
-                assert len(coef) == len(TERMS) and all(math.isfinite(c) for c in coef)
-    cache = tmp_path / "cache" / "costs.json"
-    monkeypatch.setattr(costs_module, "calibrate", lambda **_: model)
-    first = machine_cost_model(cache=cache, quiet=True)
-    assert cache.exists() and first == model
-
-    def must_not_run(**_: object) -> CostModel:
-        raise AssertionError("a cached model of this machine must be reused")
-
-    monkeypatch.setattr(costs_module, "calibrate", must_not_run)
-    assert machine_cost_model(cache=cache, quiet=True) == model
-    # Another machine's (or version's) cache is recalibrated.
-    stale = model.to_dict()
-    stale["machine"] = {**stale["machine"], "cpu": "another cpu"}
-    cache.write_text(json.dumps(stale))
-    monkeypatch.setattr(costs_module, "calibrate", lambda **_: model)
-    assert machine_cost_model(cache=cache, quiet=True).machine == machine_fingerprint()
+    out = tmp_path / "a.json"
+    argv = ["analyze", str(root), "--batch-size", "512", "--reader-config", str(config)]
+    args = parser.parse_args([*argv, "--json", str(out)])
+    assert args.func(args) == 0
+    text = capsys.readouterr().out
+    assert "cost-aware: the reader timed on this machine" in text and "hash_modulo" in text
+    assert "not proposed: ['item']" in text
+    data = json.loads(out.read_text())
+    assert {tuple(r["features"]) for r in data["rejected"]} >= {("item",)}
+    config.write_text("[reader]\npreprocessing = 3\n")
+    with pytest.raises(ConfigError, match="must be a list of tables"):
+        args.func(args)
