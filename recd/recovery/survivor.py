@@ -412,22 +412,19 @@ def _load(job: SurvivorJob, opt: Any, rank: int, gen: int, start: _Start, ev: _E
         raise RecoveryError(f"{plan['dense_file']}: dense state of step {step}, agreed {agreed}")
     n = opt.layout.n_params
     if ckpt is None:  # no checkpoint yet: the tables restart from the seed's initial weights
-        flat = _local_flat(opt)
-        weights, adam_m = flat[0], np.zeros(n, np.float32)
-        adam_v, ckpt_step = np.zeros(n, np.float32), 0
-        source = "initial weights (no checkpoint yet)"
-    else:
-        weights, adam_m = np.array(ckpt.weights), np.array(ckpt.adam_m)
-        adam_v, ckpt_step = np.array(ckpt.adam_v), int(ckpt.step)
-        source = str(ckpt.path.name)
-    for name in opt.dense.names:
-        view = opt.layout.slice_of(name)
-        weights[view], adam_m[view], adam_v[view] = (
-            dense[f"w:{name}"],
-            dense[f"m:{name}"],
-            dense[f"v:{name}"],
-        )
-    opt.load_flat(step=agreed, weights=weights, adam_m=adam_m, adam_v=adam_v)
+        zeros = np.zeros(n, np.float32)
+        opt.load_flat(step=agreed, weights=_local_flat(opt)[0], adam_m=zeros, adam_v=zeros)
+        ckpt_step, source = 0, "initial weights (no checkpoint yet)"
+    else:  # the checkpoint's memmaps: load_flat reads only this rank's table blocks
+        opt.load_flat(step=agreed, weights=ckpt.weights, adam_m=ckpt.adam_m, adam_v=ckpt.adam_v)
+        ckpt_step, source = int(ckpt.step), str(ckpt.path.name)
+    names = opt.dense.names
+    opt.load_dense(
+        step=agreed,
+        weights={name: dense[f"w:{name}"] for name in names},
+        adam_m={name: dense[f"m:{name}"] for name in names},
+        adam_v={name: dense[f"v:{name}"] for name in names},
+    )
     lost: dict[str, int] = {}
     for table in opt.tables:
         index = int(table.name.split(".")[-2][1:])  # ...embedding_bags.t<i>.weight

@@ -825,14 +825,32 @@ class ShardedAdam:
                     adam_v=v,
                 )
                 _copy_block(shard, self.layout.offset_of(table.name), weights, adam_m, adam_v)
-            named_m, named_v = {}, {}
+        views = {name: self.layout.slice_of(name) for name in self.dense.names}
+        self.load_dense(
+            step=step,
+            weights={name: weights[view] for name, view in views.items()},
+            adam_m={name: adam_m[view] for name, view in views.items()},
+            adam_v={name: adam_v[view] for name, view in views.items()},
+        )
+
+    def load_dense(
+        self,
+        *,
+        step: int,
+        weights: dict[str, np.ndarray],
+        adam_m: dict[str, np.ndarray],
+        adam_v: dict[str, np.ndarray],
+    ) -> None:
+        """Set every dense parameter, its Adam moments and the step (flat arrays per name,
+        e.g. a survivor's dense dump), leaving the tables as they are."""
+        named_m, named_v = {}, {}
+        with torch.no_grad():
             for name in self.dense.names:
-                view = self.layout.slice_of(name)
                 shape = self.layout.spec(name).shape
                 p = self.dense.params[name]
-                p.copy_(torch.from_numpy(np.array(weights[view], np.float32)).view(shape))
-                named_m[name] = np.asarray(adam_m[view]).reshape(shape)
-                named_v[name] = np.asarray(adam_v[view]).reshape(shape)
+                p.copy_(torch.from_numpy(np.array(weights[name], np.float32)).view(shape))
+                named_m[name] = np.asarray(adam_m[name]).reshape(shape)
+                named_v[name] = np.asarray(adam_v[name]).reshape(shape)
         self.dense.load_moments(step=step, adam_m=named_m, adam_v=named_v)
         self._set_step(step)
 
