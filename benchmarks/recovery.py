@@ -89,6 +89,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from recd.recovery.survivor import SurvivorJob, run_job  # noqa: E402
+from recd.stats import spread  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 KILL_RANK = 1
@@ -416,19 +417,6 @@ def _run_line(run: dict[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------------------- summaries
-
-
-def spread(values: Sequence[float]) -> dict[str, Any]:
-    """Median, min, max and the values (all None when there are none)."""
-    if not values:
-        return {"median": None, "min": None, "max": None, "n": 0, "values": []}
-    return {
-        "median": float(statistics.median(values)),
-        "min": float(min(values)),
-        "max": float(max(values)),
-        "n": len(values),
-        "values": [float(v) for v in values],
-    }
 
 
 def summarize_route(runs: list[dict[str, Any]], route: str) -> dict[str, Any]:

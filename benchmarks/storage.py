@@ -86,6 +86,7 @@ from recd.logs.generate import generate_logs
 from recd.logs.rawlog import read_catalogue
 from recd.logs.shard import compare_sharding
 from recd.schema import REQUEST_ID, SESSION_ID, TS, load_catalogue
+from recd.stats import spread
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROFILES = ("rm1-like", "clickstream")
@@ -379,18 +380,6 @@ def interleaved_order(repetitions: int, sides: tuple[str, ...], seed: int | str)
     order drawn from ``random.Random(seed)`` (so no side keeps a slot)."""
     rng = random.Random(seed)
     return [[rep, side] for rep in range(repetitions) for side in rng.sample(sides, len(sides))]
-
-
-def spread(values: list[float]) -> dict[str, Any]:
-    """Median, min and max of ``values`` (None each when there are none), and the values."""
-    if not values:
-        return {"median": None, "min": None, "max": None, "values": []}
-    return {
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-        "values": values,
-    }
 
 
 def ratio_summary(ours: dict[int, float], theirs: dict[int, float]) -> dict[str, Any]:

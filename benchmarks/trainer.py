@@ -89,6 +89,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from recd.stats import spread
+
 RESULTS = Path(__file__).resolve().parent / "results"
 HEADLINE_PROFILE = "rm1-like"
 """The profile whose figures are the JSON's top-level keys."""
@@ -794,18 +796,6 @@ CHILDREN: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
 
 
 # ---------------------------------------------------------------------- measurement
-def spread(values: list[float]) -> dict[str, Any]:
-    """Median, min and max of ``values`` (None each when there are none) and the values."""
-    if not values:
-        return {"median": None, "min": None, "max": None, "values": []}
-    return {
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-        "values": values,
-    }
-
-
 def summarise(runs: list[dict[str, Any] | None], batch_size: int) -> dict[str, Any]:
     """One configuration's runs (None: a failed run, counted): samples/s of each run = batch /
     its median timed step; the median and min-max over the runs; peaks (median)."""

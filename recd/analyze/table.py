@@ -139,14 +139,10 @@ class GroupProposal:
 
 
 @dataclass(kw_only=True, slots=True)
-class RejectedGroup:
+class RejectedGroup(GroupProposal):
     """A candidate group (factor above the threshold) not proposed: it would not pay."""
 
-    features: list[str]
-    source: str
-    measured_factor: float
     reason: str
-    expected_saving_ms_per_1k: float | None = None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -570,29 +566,19 @@ def _summarise(
     proposals: list[GroupProposal] = []
     rejected: list[RejectedGroup] = []
     for group, source in groups:
-        c = counts[tuple(group)]
         verdict = _cost_verdict(group, mean_length, timer)
+        proposal = GroupProposal(
+            features=group,
+            source=source,
+            measured_factor=counts[tuple(group)].factor,
+            plain_ms_per_1k=verdict.plain_ms_per_1k,
+            dedup_ms_per_1k=verdict.dedup_ms_per_1k,
+            expected_saving_ms_per_1k=verdict.saving_ms_per_1k,
+        )
         if verdict.reason is None:
-            proposals.append(
-                GroupProposal(
-                    features=group,
-                    source=source,
-                    measured_factor=c.factor,
-                    plain_ms_per_1k=verdict.plain_ms_per_1k,
-                    dedup_ms_per_1k=verdict.dedup_ms_per_1k,
-                    expected_saving_ms_per_1k=verdict.saving_ms_per_1k,
-                )
-            )
+            proposals.append(proposal)
         else:
-            rejected.append(
-                RejectedGroup(
-                    features=group,
-                    source=source,
-                    measured_factor=c.factor,
-                    reason=verdict.reason,
-                    expected_saving_ms_per_1k=verdict.saving_ms_per_1k,
-                )
-            )
+            rejected.append(RejectedGroup(**asdict(proposal), reason=verdict.reason))
     basis = "none"
     if timer is not None:
         kinds = sorted({spec["kind"] for spec in preprocessing}) or ["no preprocessing"]

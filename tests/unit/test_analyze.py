@@ -74,10 +74,11 @@ def hand_table(*, shuffled: bool = False) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=CATALOGUE.arrow_schema())
 
 
-def write(root: Path, table: pa.Table) -> Path:
-    directory = root / "ds=2026-11-01" / "hour=00"
+def write(root: Path, table: pa.Table, *, hour: str = "00", row_group_rows: int = 5) -> Path:
+    """``table`` as the committed partition 2026-11-01 ``hour`` of the table at ``root``."""
+    directory = root / "ds=2026-11-01" / f"hour={hour}"
     directory.mkdir(parents=True)
-    pq.write_table(table, directory / "part-0000.parquet", row_group_size=5)
+    pq.write_table(table, directory / "part-0000.parquet", row_group_size=row_group_rows)
     (directory / "_SUCCESS").touch()
     return root
 

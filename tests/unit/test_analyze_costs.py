@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from recd.analyze import (
@@ -27,19 +26,15 @@ from recd.reader import ReaderConfig
 from recd.reader.dataset import iter_batches
 from recd.schema import Catalogue, SparseFeature
 
-from .test_analyze import CATALOGUE, hand_table
+from .test_analyze import CATALOGUE, hand_table, write
 
 FEATURES = CATALOGUE.sparse_names
 
 
 def write_two_partitions(root: Path, table: pa.Table, *, row_group_rows: int) -> Path:
     """Sessions 0-1 in hour 00, sessions 2-3 in hour 01 (6 rows each)."""
-    for hour, part in (("00", table.slice(0, 6)), ("01", table.slice(6))):
-        directory = root / "ds=2026-11-01" / f"hour={hour}"
-        directory.mkdir(parents=True)
-        pq.write_table(part, directory / "part-0000.parquet", row_group_size=row_group_rows)
-        (directory / "_SUCCESS").touch()
-    return root
+    write(root, table.slice(0, 6), hour="00", row_group_rows=row_group_rows)
+    return write(root, table.slice(6), hour="01", row_group_rows=row_group_rows)
 
 
 def reader_ids(table: Path, groups: list[list[str]], batch_size: int) -> tuple[int, int]:
@@ -107,11 +102,7 @@ CONTEXT = ["ctx0", "ctx1", "ctx2", "ctx3"]
 
 
 def write_one(root: Path, table: pa.Table) -> Path:
-    directory = root / "ds=2026-11-01" / "hour=00"
-    directory.mkdir(parents=True)
-    pq.write_table(table, directory / "part-0000.parquet", row_group_size=1024)
-    (directory / "_SUCCESS").touch()
-    return root
+    return write(root, table, row_group_rows=1024)
 
 
 def fixed_timer(*, saving_s: float) -> Callable[[list[str]], GroupTiming]:
