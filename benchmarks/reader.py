@@ -97,6 +97,9 @@ LARGE_CONFIGS = ("unclustered_kjt_large", "clustered_kjt_large", "clustered_ikjt
 """The same jobs at the RecD batch size (``--recd-batch-size``)."""
 NOPRE_CONFIGS = ("unclustered_kjt_nopre", "clustered_kjt_nopre", "clustered_ikjt_nopre")
 """The same jobs at the batch size, without preprocessing."""
+FACTOR_ONLY = "clustered_ikjt_factor_only"
+"""clustered+IKJT at the batch size with the groups of the paper's rule (factor above the
+threshold, no timing): what the proposal was before it became cost-aware."""
 RECD_FULL = "clustered_ikjt_large"
 """RecD with every reader-side optimisation: clustered table, IKJTs, the larger batch (O7)."""
 HEADLINES = {
@@ -104,6 +107,7 @@ HEADLINES = {
     "reader_speedup_b6144": (RECD_FULL, "unclustered_kjt_large"),
     "reader_speedup_no_preprocessing": ("clustered_ikjt_nopre", "unclustered_kjt_nopre"),
     "reader_speedup_paper_protocol": (RECD_FULL, BASELINE),
+    "reader_speedup_factor_only_proposal": (FACTOR_ONLY, BASELINE),
 }
 """Headline ratios: (numerator config, denominator config), samples per CPU-second."""
 REFERENCE_CONFIGS = ("torchrec_unclustered", "torchrec_clustered")
@@ -329,7 +333,7 @@ def check_same_output(readers: dict[str, Reader], batches: int) -> int:
     compared = 0
     for names in (
         ["unclustered_kjt", "unclustered_ikjt", "torchrec_unclustered"],
-        ["clustered_kjt", "clustered_ikjt", "torchrec_clustered"],
+        ["clustered_kjt", "clustered_ikjt", "torchrec_clustered", FACTOR_ONLY],
         ["clustered_kjt_large", RECD_FULL],
         ["clustered_kjt_nopre", "clustered_ikjt_nopre"],
     ):
@@ -528,6 +532,11 @@ def markdown(r: dict[str, Any]) -> str:
             f"clustered+IKJT at {big} / unclustered+KJT at "
             f"{b}: two different jobs, the paper's RM1 protocol",
         ),
+        row(
+            "reader_speedup_factor_only_proposal",
+            f"clustered+IKJT with the paper's rule's groups (factor only, no timing) / "
+            f"unclustered+KJT, batch {b}, with preprocessing",
+        ),
         row("reader_speedup_wall", "headline pair, wall-clock samples/s"),
         row("clustering", "clustered+KJT / unclustered+KJT"),
         row("ikjt_on_clustered", "clustered+IKJT / clustered+KJT, same table"),
@@ -545,6 +554,7 @@ def markdown(r: dict[str, Any]) -> str:
         (f"batch {b}, with preprocessing", "with_preprocessing"),
         (f"batch {big}, with preprocessing", "large"),
         (f"batch {b}, no preprocessing", "no_preprocessing"),
+        (f"batch {b}, the paper's rule, factor only", "factor_only"),
     ):
         a = r["analysis"][key]
         groups = "; ".join(_group_label(g) for g in a["dedup_sparse_features"]) or "none"
@@ -598,7 +608,13 @@ def plot(r: dict[str, Any], path: Path) -> None:
 
 
 # ---------------------------------------------------------------------- main
-ALL_CONFIGS = (*READER_CONFIGS, *LARGE_CONFIGS, *NOPRE_CONFIGS, *REFERENCE_CONFIGS)
+ALL_CONFIGS = (
+    *READER_CONFIGS,
+    *LARGE_CONFIGS,
+    *NOPRE_CONFIGS,
+    FACTOR_ONLY,
+    *REFERENCE_CONFIGS,
+)
 
 
 def build_readers(
@@ -629,6 +645,7 @@ def build_readers(
         return RecdReader(config)
 
     g, g_large, g_nopre = groups["with_preprocessing"], groups["large"], groups["no_preprocessing"]
+    # "factor_only": the paper's rule, for comparison
     readers: dict[str, Reader] = {
         "unclustered_kjt": recd(unclustered, []),
         "unclustered_ikjt": recd(unclustered, g),
@@ -640,6 +657,7 @@ def build_readers(
         "unclustered_kjt_nopre": recd(unclustered, [], pre=False),
         "clustered_kjt_nopre": recd(clustered, [], pre=False),
         "clustered_ikjt_nopre": recd(clustered, g_nopre, pre=False),
+        FACTOR_ONLY: recd(clustered, groups["factor_only"]),
     }
     for name, like in zip(REFERENCE_CONFIGS, ("unclustered_kjt", "clustered_kjt"), strict=True):
         base = readers[like]
@@ -697,6 +715,7 @@ def propose_groups(
         out[job] = analyze_table(
             clustered, batch_size=size, end=end, cost_aware=True, preprocessing=specs
         )
+    out["factor_only"] = analyze_table(clustered, batch_size=batch_size, end=end)
     return out
 
 

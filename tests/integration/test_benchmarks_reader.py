@@ -49,11 +49,18 @@ def test_quick_run_writes_sane_results_and_reuses_its_tables(tmp_path: Path) -> 
     assert HEADLINES["reader_speedup"] == ("clustered_ikjt", "unclustered_kjt")
     assert r["recd_batch_size"] == 3 * 128
     # Each job's groups come from recd analyze's cost model for that job.
-    assert set(r["analysis"]) == {"with_preprocessing", "large", "no_preprocessing"}
-    for job in r["analysis"].values():
+    jobs = {"with_preprocessing", "large", "no_preprocessing"}
+    assert set(r["analysis"]) == {*jobs, "factor_only"}
+    for name in jobs:
+        job = r["analysis"][name]
         assert job["cost_model"].startswith("the reader timed on this machine")
         for g in job["groups"]:
             assert g["expected_saving_ms_per_1k"] > 0
+    # The paper's rule, kept for comparison, proposes every candidate the cost-aware one saw.
+    factor_only = r["analysis"]["factor_only"]
+    assert factor_only["cost_model"] == "none" and not factor_only["rejected"]
+    considered = r["analysis"]["with_preprocessing"]
+    assert len(factor_only["groups"]) == len(considered["groups"]) + len(considered["rejected"])
     assert (
         r["dedup_sparse_features"] == r["analysis"]["with_preprocessing"]["dedup_sparse_features"]
     )
