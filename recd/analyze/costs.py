@@ -1,4 +1,4 @@
-"""What deduplicating a group costs the reader, measured on the table's own batches.
+"""Which dedup groups make the reader faster, measured on the table's own batches.
 
 A dedup group turns K sparse columns of a batch from part of the plain KJT into an IKJT. The
 reader then pays the dedup conversion (stacking, run check, hash table, inverse, gathering the
@@ -9,25 +9,26 @@ one id per duplicate row while its dedup costs a hash-table probe per row, so a 
 DedupeFactor alone does not make a group worth deduplicating (a real clickstream's item id:
 factor 5-8, and the reader got slower).
 
-So the reader itself is timed (:func:`time_group`): on a sample of the batches it cuts from the
-table (evenly spaced, full batches), its conversion + preprocessing code
-(:func:`recd.convert.convert_sparse`, the job's TorchScript modules, as
-:class:`recd.reader.transform.BatchTransform` runs them) runs three ways, interleaved, median
-of ``reps``: every sparse feature in the plain KJT (*plain*), the group as an IKJT (*dedup*),
-and without the group's features at all (*base*: what the rest of the batch costs). The
-group's plain cost is plain - base; its saving is plain - dedup. A group is proposed when the
-saving exceeds :data:`PAY_MARGIN` of its plain cost. The margin keeps groups that clearly
-lose out; a group whose saving is close to it can go either way between two runs on a noisy
-machine (seen on rm1-like at batch 2048: ``seq_watch_items`` measured +1.0 and -0.02 ms per
-1k samples in two runs), and either verdict then costs or saves little.
+So the reader itself is timed: on a sample of the batches it cuts from the table (evenly
+spaced, full batches), its conversion + sparse preprocessing code
+(:func:`recd.convert.convert_sparse` and the job's TorchScript modules, as
+:class:`recd.reader.transform.BatchTransform` runs them) runs each configuration of dedup
+groups (:func:`job_timer`: one warm-up pass, then the median of ``reps`` passes), and
+:func:`choose_groups` keeps the candidates by backward elimination *in context*: with every
+candidate deduplicated, each one is left out in turn, and a group stays only if leaving it
+out costs the job more than :data:`PAY_MARGIN` of the plain job's time; what remains must beat
+the plain job by that margin too, else nothing is proposed.
 
-Why not a per-machine model fitted once on synthetic batches (the first design): fitted on
-timings of synthetic groups, it mispredicted rm1-like's real groups by 0.3-1.4 ms per 1k
-samples (the 40-key user group: predicted 0.04, measured 1.39; a 2-key sequence group:
-predicted +0.55, measured -0.06), because the real cost depends on the job's whole
-preprocessing chain (truncation, per-key work over every key of the batch) and on the table's
-layout, which a synthetic grid does not reproduce. Timing the reader on the table costs a few
-seconds per group and is exact for that table, batch size, preprocessing and machine.
+In context, because savings do not add up. On rm1-like at batch 2048 (hash + truncate
+preprocessing), timing each group alone against the plain job kept 2 of 5 groups (1.25x over
+the baseline reader in the benchmark) while all 5 together gave 1.50x: the sequence groups
+each saved 0-1 ms per 1k samples alone but 2.1 ms together, next to the user group (a smaller
+plain KJT stays in cache). A first design, a per-machine linear model fitted on synthetic
+batches, mispredicted the same groups by up to 1.4 ms per 1k samples.
+
+The timings are noisy on a shared machine (glibc's allocator alone moved the plain job between
+8 and 14 ms per 1k samples in one process), so a group near the margin can go either way
+between runs; either verdict then costs or saves little.
 
 What it leaves out: the trainer-side savings (lookups and transformers once per distinct row),
 which only add to a group's gain; a group rejected here may still pay in the trainer.
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,46 +53,55 @@ from recd.reader.plan import build_plan
 from recd.reader.stream import iter_worker_batches
 from recd.reader.transform import build_preprocessing
 
-PAY_MARGIN = 0.1
-"""A group is proposed only if it saves more than this share of its plain cost."""
+PAY_MARGIN = 0.02
+"""A group is kept only if, with the other kept groups deduplicated, leaving it out costs the
+reader more than this share of the plain job's time (conversion + sparse preprocessing); the
+kept set as a whole must save more than this share too."""
 SAMPLE_BATCHES = 12
-"""Full batches of the table timed per group (evenly spaced over the table)."""
+"""Full batches of the table timed (evenly spaced over the table)."""
 REPS = 5
-"""Interleaved repetitions per path; the median counts."""
-WARMUP_BATCHES = 3
-"""Batches each path's preprocessing module runs before timing (TorchScript profiling)."""
+"""Timed passes over the sample per configuration; the median counts."""
+
+ConfigTimer = Callable[[list[list[str]]], float]
+"""Reader seconds per sample of the job with the given dedup groups (plain KJT for the rest)."""
 
 
 @dataclass(kw_only=True, slots=True)
-class GroupTiming:
-    """Reader seconds on the sampled batches, three ways (median of the repetitions)."""
+class Choice:
+    """The groups kept, and what each saves in the context of the others."""
 
+    groups: list[list[str]]
+    """Groups kept, in candidate order."""
+    saving_s: dict[tuple[str, ...], float]
+    """Per candidate group: job time without it minus job time with it, the other groups of
+    its last round deduplicated (seconds per sample)."""
     plain_s: float
-    """Every sparse feature in the plain KJT, converted and preprocessed."""
-    dedup_s: float
-    """The same with the group as an IKJT."""
-    base_s: float
-    """The same without the group's features (the rest of the batch)."""
-    rows: int
-    """Rows timed per path (batches x batch size)."""
+    """The job with no group deduplicated (seconds per sample)."""
+    chosen_s: float
+    """The job with the kept groups."""
+    rounds: int
 
-    @property
-    def plain_cost_ms_per_1k(self) -> float:
-        return (self.plain_s - self.base_s) * 1e6 / self.rows
 
-    @property
-    def dedup_cost_ms_per_1k(self) -> float:
-        return (self.dedup_s - self.base_s) * 1e6 / self.rows
-
-    @property
-    def saving_ms_per_1k(self) -> float:
-        return (self.plain_s - self.dedup_s) * 1e6 / self.rows
-
-    @property
-    def pays(self) -> bool:
-        return self.saving_ms_per_1k > PAY_MARGIN * max(self.plain_cost_ms_per_1k, 0.0) and (
-            self.saving_ms_per_1k > 0.0
-        )
+def choose_groups(candidates: list[list[str]], timer: ConfigTimer) -> Choice:
+    """Backward elimination in context (module doc): at most one round per candidate."""
+    plain = timer([])
+    kept = [list(g) for g in candidates]
+    saving: dict[tuple[str, ...], float] = {}
+    rounds = 0
+    while kept:
+        rounds += 1
+        with_all = timer(kept)
+        for g in kept:
+            saving[tuple(g)] = timer([h for h in kept if h is not g]) - with_all
+        keep = [g for g in kept if saving[tuple(g)] > PAY_MARGIN * plain]
+        if len(keep) == len(kept):
+            if plain - with_all > PAY_MARGIN * plain:
+                return Choice(
+                    groups=kept, saving_s=saving, plain_s=plain, chosen_s=with_all, rounds=rounds
+                )
+            keep = []
+        kept = keep
+    return Choice(groups=[], saving_s=saving, plain_s=plain, chosen_s=plain, rounds=rounds)
 
 
 def hash_all_preprocessing(sparse: Sequence[str]) -> list[dict[str, Any]]:
@@ -147,47 +157,36 @@ def sample_batches(
     ]
 
 
-def time_group(
+def job_timer(
     batches: list[pa.Table],
-    group: list[str],
     sparse: list[str],
     *,
     preprocessing: list[dict[str, Any]],
     reps: int = REPS,
-) -> GroupTiming:
-    """Time the reader's conversion + preprocessing of ``batches`` three ways (module doc).
+) -> ConfigTimer:
+    """A :data:`ConfigTimer` over ``batches``: a configuration's conversion + sparse
+    preprocessing with its own compiled module (as a reader has), one warm-up pass, then the
+    median of ``reps`` passes; cached per configuration."""
+    specs = sparse_preprocessing(preprocessing, sparse)
+    rows = sum(b.num_rows for b in batches)
+    cache: dict[tuple[tuple[str, ...], ...], float] = {}
 
-    Each path gets its own compiled preprocessing module, warmed up on a few batches (as a
-    reader's module is: TorchScript specialises on what it has seen). The paths then run in
-    turn ``reps`` times; each path's time is its median over the repetitions, so a burst of
-    load in one repetition moves neither the time nor the verdict.
-    """
-    specs = {
-        "plain": FeatureSpec(sparse=sparse, labels=[]),
-        "dedup": FeatureSpec(sparse=sparse, labels=[], dedup_sparse_features=[group]),
-        "base": FeatureSpec(sparse=[f for f in sparse if f not in group], labels=[]),
-    }
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one reader = one core
-    try:
-        modules = {
-            path: build_preprocessing(sparse_preprocessing(preprocessing, sparse), dense=[])[0]
-            for path in specs
-        }
-        for path, spec in specs.items():
-            _run(batches[:WARMUP_BATCHES], spec, modules[path])
-        times: dict[str, list[float]] = {path: [] for path in specs}
-        for _ in range(reps):  # interleaved: drift in load hits every path alike
-            for path, spec in specs.items():
-                times[path].append(_run(batches, spec, modules[path]))
-    finally:
-        torch.set_num_threads(threads)
-    return GroupTiming(
-        plain_s=statistics.median(times["plain"]),
-        dedup_s=statistics.median(times["dedup"]),
-        base_s=statistics.median(times["base"]),
-        rows=sum(b.num_rows for b in batches),
-    )
+    def time_config(groups: list[list[str]]) -> float:
+        key = tuple(tuple(g) for g in groups)
+        if key not in cache:
+            spec = FeatureSpec(sparse=sparse, labels=[], dedup_sparse_features=groups)
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)  # one reader = one core
+            try:
+                module = build_preprocessing(specs, dense=[])[0]
+                _run(batches, spec, module)  # warm-up: TorchScript profiling, allocator
+                times = [_run(batches, spec, module) for _ in range(reps)]
+            finally:
+                torch.set_num_threads(threads)
+            cache[key] = statistics.median(times) / rows
+        return cache[key]
+
+    return time_config
 
 
 def _run(batches: list[pa.Table], spec: FeatureSpec, module: torch.nn.Module | None) -> float:

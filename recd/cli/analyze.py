@@ -32,10 +32,10 @@ def register(sub: argparse._SubParsersAction) -> None:
             "the reader's own batches of B rows, and propose dedup_sparse_features: features "
             "whose factor exceeds the threshold, synchronised ones grouped, kept only where "
             "deduplicating makes the reader faster: the reader's conversion and the job's "
-            "preprocessing are timed on a sample of the table's own batches with and without "
-            f"each group (a few seconds per group); a group must save more than "
-            f"{PAY_MARGIN:.0%} of its plain cost. A single feature of one id per row is never "
-            "proposed."
+            "preprocessing are timed on a sample of the table's own batches, with every "
+            "candidate deduplicated and each one left out in turn (seconds to a minute); a "
+            f"group stays if leaving it out costs more than {PAY_MARGIN:.0%} of the plain "
+            "job. A single feature of one id per row is never proposed."
         ),
     )
     parser.add_argument("table", type=Path, metavar="TABLE", help="table root directory")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +13,12 @@ import pytest
 
 from recd.analyze import (
     PAY_MARGIN,
-    GroupTiming,
+    ConfigTimer,
     analyze_table,
+    choose_groups,
     hash_all_preprocessing,
+    job_timer,
     sample_batches,
-    time_group,
 )
 from recd.cli import analyze as analyze_cli
 from recd.errors import ConfigError
@@ -105,9 +105,18 @@ def write_one(root: Path, table: pa.Table) -> Path:
     return write(root, table, row_group_rows=1024)
 
 
-def fixed_timer(*, saving_s: float) -> Callable[[list[str]], GroupTiming]:
-    """A timer that reports the same plain cost (10 ms) and the given saving for any group."""
-    return lambda group: GroupTiming(plain_s=0.02, dedup_s=0.02 - saving_s, base_s=0.01, rows=1000)
+def additive_timer(
+    plain_s: float, savings: dict[str, float], *, together: float = 0.0
+) -> ConfigTimer:
+    """Seconds per sample of a job: ``plain_s`` minus the saving of each deduplicated group
+    (keyed by its first feature), minus ``together`` when every listed group is in."""
+
+    def timer(groups: list[list[str]]) -> float:
+        firsts = {g[0] for g in groups}
+        bonus = together if firsts >= set(savings) else 0.0
+        return plain_s - sum(savings[f] for f in firsts) - bonus
+
+    return timer
 
 
 def test_length_one_features_are_not_proposed(tmp_path: Path) -> None:
@@ -122,44 +131,59 @@ def test_length_one_features_are_not_proposed(tmp_path: Path) -> None:
     assert a.dedup_sparse_features == []
     reasons = {tuple(r.features): r.reason for r in a.rejected}
     assert "at most one id per row" in reasons[("item",)]
-    assert "(measured)" in reasons[tuple(CONTEXT)]
+    assert "(measured" in reasons[tuple(CONTEXT)]
     assert a.cost_model.startswith("the reader timed on this machine")
+    assert set(a.reader_ms_per_1k) == {"plain", "proposed"}
+    assert a.reader_ms_per_1k["proposed"] == a.reader_ms_per_1k["plain"]
 
 
 def test_single_length_one_feature_is_refused_even_when_timing_says_it_pays(
     tmp_path: Path,
 ) -> None:
     root = write_one(tmp_path / "t", short_table())
-    a = analyze_table(root, batch_size=512, timer=fixed_timer(saving_s=0.005))
+    timer = additive_timer(10e-6, {"item": 5e-6, "ctx0": 5e-6})
+    a = analyze_table(root, batch_size=512, timer=timer)
     assert a.dedup_sparse_features == [CONTEXT]
     assert [r.features for r in a.rejected] == [["item"]]
     (group,) = a.groups
     assert group.expected_saving_ms_per_1k == pytest.approx(5.0)
-    assert group.plain_ms_per_1k == pytest.approx(10.0)
-    assert group.dedup_ms_per_1k == pytest.approx(5.0)
+    assert a.reader_ms_per_1k == pytest.approx({"plain": 10.0, "proposed": 5.0})
 
 
-@pytest.mark.parametrize(("saving_s", "proposed"), [(0.0011, True), (0.0009, False)])
-def test_a_group_must_save_more_than_the_margin(
-    tmp_path: Path, saving_s: float, proposed: bool
-) -> None:
-    # plain cost 10 ms: the margin (10%) is 1 ms
-    root = write_one(tmp_path / "t", short_table())
-    a = analyze_table(root, batch_size=512, timer=fixed_timer(saving_s=saving_s))
-    assert (a.dedup_sparse_features == [CONTEXT]) is proposed
-    assert PAY_MARGIN == 0.1
+def test_backward_elimination_keeps_groups_that_pay_together() -> None:
+    # Alone, b and c save nothing worth an IKJT; together with a they save 3.
+    timer = additive_timer(10.0, {"a": 2.0, "b": 0.05, "c": 0.05}, together=3.0)
+    choice = choose_groups([["a"], ["b"], ["c"]], timer)
+    assert choice.groups == [["a"], ["b"], ["c"]] and choice.rounds == 1
+    assert choice.saving_s[("b",)] == pytest.approx(3.05)
+    # Without the joint saving, b and c go in round 1; a alone is kept in round 2.
+    choice = choose_groups([["a"], ["b"], ["c"]], additive_timer(10.0, {"a": 2, "b": 0.1, "c": 0}))
+    assert choice.groups == [["a"]] and choice.rounds == 2 and choice.chosen_s == 8.0
 
 
-def test_time_group_times_the_readers_own_batches(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("saving", "proposed"), [(0.21, True), (0.19, False)])
+def test_a_group_must_save_more_than_the_margin(saving: float, proposed: bool) -> None:
+    # plain job 10: the margin (2%) is 0.2
+    choice = choose_groups([["a"]], additive_timer(10.0, {"a": saving}))
+    assert (choice.groups == [["a"]]) is proposed
+    assert PAY_MARGIN == 0.02
+
+
+def test_nothing_is_proposed_when_the_groups_lose_together() -> None:
+    choice = choose_groups([["a"], ["b"]], additive_timer(10.0, {"a": -1.0, "b": -1.0}))
+    assert choice.groups == [] and choice.chosen_s == choice.plain_s == 10.0
+
+
+def test_job_timer_times_the_readers_own_batches(tmp_path: Path) -> None:
     root = write_one(tmp_path / "t", short_table())  # 4400 rows
     batches = sample_batches(root, SHORT.sparse_names, batch_size=512, start=None, end=None)
-    assert [b.num_rows for b in batches] == [512] * 8  # 8 full batches (of 8), evenly spaced
+    assert [b.num_rows for b in batches] == [512] * 8  # every full batch (8 < 12)
     few = sample_batches(root, SHORT.sparse_names, batch_size=2048, start=None, end=None, count=3)
     assert [b.num_rows for b in few] == [2048, 2048]
-    t = time_group(batches, CONTEXT, SHORT.sparse_names, preprocessing=[], reps=2)
-    assert t.rows == 8 * 512
-    assert min(t.plain_s, t.dedup_s, t.base_s) > 0
-    assert math.isfinite(t.saving_ms_per_1k)
+    timer = job_timer(batches, SHORT.sparse_names, preprocessing=[], reps=2)
+    plain, grouped = timer([]), timer([CONTEXT])
+    assert plain > 0 and grouped > 0
+    assert timer([]) == plain  # cached: the same configuration is timed once
 
 
 def test_cli_times_the_job_of_a_reader_config(
