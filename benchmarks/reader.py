@@ -75,8 +75,9 @@ from recd.etl.commit import committed_partition_dirs
 from recd.etl.partitions import format_time_ms
 from recd.ikjt import kjt_equal
 from recd.pipeline import reuse_or_build_tables
-from recd.reader import ReaderConfig, build_plan
+from recd.reader import ReaderConfig, build_plan, keep_freed_memory
 from recd.reader.dataset import iter_tagged_batches
+from recd.reader.memory import MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES
 from recd.reader.plan import ReadPlan, list_table_files
 from recd.reader.stats import BatchTiming
 from recd.reader.transform import BatchTransform
@@ -482,7 +483,7 @@ def markdown(r: dict[str, Any]) -> str:
         f"{p['rows_in_table']:,} in the table ({p['window']}), batch {r['batch_size']} "
         f"(`*_large`: {r['recd_batch_size']}), one reader process (1 thread), "
         f"{p['repetitions']} repetitions in random order per repetition, medians "
-        f"(min-max); load average {p['load_average_before'][0]:.1f} before, "
+        f"(min-max); malloc: {p.get('malloc', 'glibc defaults')}; load average {p['load_average_before'][0]:.1f} before, "
         f"{p['load_average_after'][0]:.1f} after, on {r['cpu_count']} CPUs.",
         "",
         "| config | samples/CPU-s (min-max) | samples/s (wall) | fill | convert | process "
@@ -934,6 +935,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "figure); same-files: without the row-group rule",
     )
     parser.add_argument("--seed", type=int, default=1, help="data seed and order seed")
+    parser.add_argument(
+        "--system-malloc",
+        action="store_true",
+        help="keep glibc's dynamic malloc thresholds (the default fixes them, as reader "
+        "worker processes do: recd.reader.keep_freed_memory)",
+    )
     parser.add_argument("--work-dir", type=Path, help="keep (and reuse) the tables here")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -948,6 +955,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command = " ".join(["python benchmarks/reader.py", *(sys.argv[1:] if argv is None else argv)])
+    # Every config runs in this process as a reader worker process runs (fixed malloc
+    # thresholds, recd.reader.memory), unless --system-malloc asks for glibc's defaults.
+    malloc = "glibc defaults" if args.system_malloc else "glibc defaults (not glibc)"
+    if not args.system_malloc and keep_freed_memory():
+        malloc = (
+            f"fixed thresholds as reader workers run (mmap {MMAP_THRESHOLD_BYTES >> 20} MiB, "
+            f"trim {TRIM_THRESHOLD_BYTES >> 20} MiB)"
+        )
     saved = torch.get_num_threads(), pa.cpu_count(), pa.io_thread_count()
     torch.set_num_threads(1)  # one reader process = one core
     pa.set_cpu_count(1)
@@ -963,6 +978,7 @@ def main(argv: list[str] | None = None) -> int:
         pa.set_io_thread_count(saved[2])
     result = {"command": command, **result}
     result["protocol"]["command"] = command
+    result["protocol"]["malloc"] = malloc
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "reader" if args.profile == "rm1-like" else f"reader_{args.profile}"
     stem += "_quick" if args.quick else ""

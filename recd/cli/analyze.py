@@ -19,6 +19,7 @@ from recd.analyze import (
     write_json,
 )
 from recd.errors import ConfigError
+from recd.reader.memory import keep_freed_memory
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -85,6 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    keep_freed_memory()  # time the reader as its worker processes run
     preprocessing: list[dict[str, Any]] = []
     if args.preprocessed:
         preprocessing = hash_all_preprocessing(args.features or table_sparse_features(args.table))

@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from recd.batch import Batch
 from recd.errors import ConfigError, RecdError
 from recd.reader.config import ReaderConfig
+from recd.reader.memory import worker_init
 from recd.reader.plan import ReadPlan, build_plan
 from recd.reader.stats import BatchTiming, ReaderStats
 from recd.reader.stream import iter_worker_batches
@@ -252,6 +253,7 @@ class ResumableLoader:
             collate_fn=_identity,
             pin_memory=cfg.pin_memory,
             persistent_workers=False,
+            worker_init_fn=worker_init,  # reader processes keep freed memory (memory.py)
         )
         return iter(loader)
 

@@ -29,6 +29,7 @@ def test_quick_run_writes_sane_results_and_reuses_its_tables(tmp_path: Path) -> 
     assert p["window"] == "the whole table" and p["repetitions"] == 1
     assert sorted(p["orders"][0]) == sorted(ALL_CONFIGS)
     assert len(p["load_average_before"]) == 3 and p["command"] == r["command"]
+    assert p["malloc"].startswith(("fixed thresholds", "glibc defaults"))
     assert {r["configs"][name]["rows"] for name in ALL_CONFIGS} == {r["rows"]}
     for name in ALL_CONFIGS:
         assert r["samples_per_cpu_s"][name] > 0 and r["samples_per_s"][name] > 0
