@@ -26,9 +26,11 @@ each saved 0-1 ms per 1k samples alone but 2.1 ms together, next to the user gro
 plain KJT stays in cache). A first design, a per-machine linear model fitted on synthetic
 batches, mispredicted the same groups by up to 1.4 ms per 1k samples.
 
-The timings are noisy on a shared machine (glibc's allocator alone moved the plain job between
-8 and 14 ms per 1k samples in one process), so a group near the margin can go either way
-between runs; either verdict then costs or saves little.
+The timings are noisy on a shared machine, so a group near the margin can go either way
+between runs; either verdict then costs or saves little. ``recd analyze`` times the reader with
+fixed malloc thresholds, as reader worker processes run (:mod:`recd.reader.memory`): with
+glibc's dynamic threshold the plain rm1-like job alone moved between 8 and 14 ms per 1k
+samples in one process.
 
 What it leaves out: the trainer-side savings (lookups and transformers once per distinct row),
 which only add to a group's gain; a group rejected here may still pay in the trainer.
