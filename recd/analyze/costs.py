@@ -51,7 +51,7 @@ import torch
 from recd.convert import FeatureSpec, convert_sparse
 from recd.preprocess import preprocess_sparse
 from recd.reader.config import SPARSE_PREPROCESS_KINDS, ReaderConfig
-from recd.reader.plan import build_plan
+from recd.reader.plan import ReadPlan, build_plan
 from recd.reader.stream import iter_worker_batches
 from recd.reader.transform import build_preprocessing
 
@@ -125,6 +125,30 @@ def sparse_preprocessing(
     return out
 
 
+def sparse_plan(
+    table: Path,
+    sparse: list[str],
+    *,
+    batch_size: int,
+    start: str | None,
+    end: str | None,
+    drop_last: bool = False,
+) -> ReadPlan:
+    """The reader's plan of ``table`` for just the ``sparse`` features (one worker, table
+    order, no shuffle): the batches ``recd analyze`` counts and times."""
+    config = ReaderConfig(
+        table=str(table),
+        start=start,
+        end=end,
+        labels=[],
+        dense=[],
+        sparse=sparse,
+        batch_size=batch_size,
+        drop_last=drop_last,
+    )
+    return build_plan(config)
+
+
 def sample_batches(
     table: Path,
     sparse: list[str],
@@ -136,21 +160,10 @@ def sample_batches(
 ) -> list[pa.Table]:
     """Up to ``count`` full batches the reader cuts from ``table`` (one worker, table order),
     evenly spaced; the table's only batch if it has no full one."""
-    config = ReaderConfig(
-        table=str(table),
-        start=start,
-        end=end,
-        labels=[],
-        dense=[],
-        sparse=sparse,
-        batch_size=batch_size,
-        drop_last=True,
-    )
-    plan = build_plan(config)
+    plan = sparse_plan(table, sparse, batch_size=batch_size, start=start, end=end, drop_last=True)
     total = plan.worker_num_batches(0, 0)
     if total == 0:  # smaller than one batch: time what there is
-        config.drop_last = False
-        plan = build_plan(config)
+        plan = sparse_plan(table, sparse, batch_size=batch_size, start=start, end=end)
         return [b.rows for b in iter_worker_batches(plan, epoch=0, worker=0)]
     step = max(1, total // count)
     wanted = set(range(0, total, step)[:count])

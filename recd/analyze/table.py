@@ -56,20 +56,18 @@ from recd.analyze.costs import (
     choose_groups,
     job_timer,
     sample_batches,
+    sparse_plan,
 )
 from recd.errors import ConfigError, SchemaError
 from recd.etl.commit import committed_partition_dirs
 from recd.etl.partitions import parse_time_ms
 from recd.jagged import (
     JaggedColumn,
-    find_distinct_rows,
     find_distinct_stacked,
     read_list_column,
     read_stacked_columns,
 )
 from recd.progress import progress
-from recd.reader.config import ReaderConfig
-from recd.reader.plan import build_plan
 from recd.reader.stream import iter_worker_batches
 from recd.schema import CATALOGUE_METADATA_KEY, SESSION_ID, TS, Catalogue, catalogue_from_schema
 
@@ -229,35 +227,17 @@ def is_clustered(session_ids: np.ndarray, ts: np.ndarray) -> bool:
     return bool(np.all((ts[1:] >= ts[:-1]) | breaks))
 
 
-def dedup_values(column: JaggedColumn, *, batch_size: int) -> int:
-    """Ids left after exact dedup of the rows of each batch of ``batch_size`` consecutive rows."""
-    return dedup_group_values([column], batch_size=batch_size)
-
-
-def dedup_group_values(columns: list[JaggedColumn], *, batch_size: int) -> int:
-    """Like :func:`dedup_values` for a group deduplicated as one (rows match on every column)."""
-    rows = len(columns[0].offsets) - 1
-    lengths = np.stack([np.diff(c.offsets) for c in columns]).sum(axis=0)
-    kept = 0
-    for start in range(0, rows, batch_size):  # one batch per iteration, vectorised inside
-        stop = min(start + batch_size, rows)
-        batch = [JaggedColumn(c.offsets[start : stop + 1], c.values) for c in columns]
-        distinct, _ = find_distinct_rows(batch, batch_size=stop - start)
-        kept += int(lengths[start + distinct].sum())
-    return kept
-
-
 # ---------------------------------------------------------------------- reader batches
 @dataclass(slots=True)
-class _DedupCounts:
+class DedupCounts:
     """One group's dedup over the reader's batches (a single feature is a group of one)."""
 
-    keys: int
     batches: int = 0
     rows: int = 0
     ids: int = 0
-    distinct_rows: int = 0
+    """Ids of the group's features (what its KJT would hold)."""
     distinct_ids: int = 0
+    """Ids in the distinct rows of each batch (what its IKJT holds)."""
 
     @property
     def factor(self) -> float:
@@ -272,21 +252,12 @@ def reader_dedup_counts(
     start: str | None,
     end: str | None,
     show_progress: bool = False,
-) -> list[_DedupCounts]:
+) -> list[DedupCounts]:
     """Dedup every group inside each batch the reader cuts from ``root`` (one worker, table
     order): ids in, distinct rows and ids out, exactly as the reader's IKJT conversion."""
     features = list(dict.fromkeys(f for g in groups for f in g))
-    config = ReaderConfig(
-        table=str(root),
-        start=start,
-        end=end,
-        labels=[],
-        dense=[],
-        sparse=features,
-        batch_size=batch_size,
-    )
-    plan = build_plan(config)
-    counts = [_DedupCounts(keys=len(g)) for g in groups]
+    plan = sparse_plan(root, features, batch_size=batch_size, start=start, end=end)
+    counts = [DedupCounts() for g in groups]
     batches = iter_worker_batches(plan, epoch=0, worker=0)
     total = plan.worker_num_batches(0, 0)
     if show_progress:
@@ -297,7 +268,7 @@ def reader_dedup_counts(
 
 
 def _count_batch(
-    rows: pa.Table, groups: list[list[str]], counts: list[_DedupCounts], *, source: str
+    rows: pa.Table, groups: list[list[str]], counts: list[DedupCounts], *, source: str
 ) -> None:
     b = rows.num_rows
     for group, c in zip(groups, counts, strict=True):
@@ -307,7 +278,6 @@ def _count_batch(
         c.batches += 1
         c.rows += b
         c.ids += int(stacked.offsets[-1])
-        c.distinct_rows += int(distinct.size)
         c.distinct_ids += int(lengths[:, distinct].sum())
 
 
@@ -319,7 +289,6 @@ class _Totals:
     pairs: int = 0
     clustered: bool = True
     values: dict[str, int] = field(default_factory=dict)
-    deduped: dict[str, int] = field(default_factory=dict)
     unchanged: dict[str, int] = field(default_factory=dict)
     coincide: dict[tuple[str, str], int] = field(default_factory=dict)
     either: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -365,7 +334,7 @@ def _read_catalogue(table: Path) -> Catalogue | None:
     return None
 
 
-GroupCounter = Callable[[list[list[str]]], list["_DedupCounts"]]
+GroupCounter = Callable[[list[list[str]]], list["DedupCounts"]]
 """Counts the dedup of each group over the batches of the source being analysed."""
 
 
@@ -410,7 +379,7 @@ def analyze_table(
     if totals.rows == 0:
         raise ConfigError(f"analyze: {root} has no committed rows in the window")
 
-    def counter(groups: list[list[str]]) -> list[_DedupCounts]:
+    def counter(groups: list[list[str]]) -> list[DedupCounts]:
         return reader_dedup_counts(
             root, groups, batch_size=batch_size, start=start, end=end, show_progress=show_progress
         )
@@ -463,8 +432,8 @@ def analyze_rows(
     if totals.rows == 0:
         raise ConfigError(f"analyze: {source} has no rows")
 
-    def counter(groups: list[list[str]]) -> list[_DedupCounts]:
-        counts = [_DedupCounts(keys=len(g)) for g in groups]
+    def counter(groups: list[list[str]]) -> list[DedupCounts]:
+        counts = [DedupCounts() for g in groups]
         for start in range(0, part.num_rows, batch_size):
             _count_batch(part.slice(start, batch_size), groups, counts, source=source)
         return counts
@@ -593,7 +562,7 @@ def _summarise(
 
 def _decide(
     groups: list[tuple[list[str], str]],
-    counts: dict[tuple[str, ...], _DedupCounts],
+    counts: dict[tuple[str, ...], DedupCounts],
     mean_length: dict[str, float],
     timer: ConfigTimer | None,
 ) -> tuple[list[GroupProposal], list[RejectedGroup], dict[str, float]]:
