@@ -792,7 +792,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "threads": {"torch": 1, "pyarrow_cpu": 1, "pyarrow_io": 1},
         "load_average_before": list(load_before),
         "load_average_after": list(load_after),
-        "failed_passes": 0,
+        "failures": "a pass that fails stops the run: no pass is left out of a figure",
         "ratios": "ratio of the medians; min-max of the per-repetition ratios",
     }
     result["identical_batches_checked"] = identical
