@@ -668,7 +668,7 @@ def protocol(
         "uniformly from the 6 permutations: random.Random(orders_seed).sample per segment",
         "orders_seed": stall["orders_seed"],
         "interval": INTERVAL_METHOD,
-        "dropped_segments": 0,
+        "dropped_segments": size.blocks - len({r["segment"] for r in stall["segments"]}),
         "load_avg_before": load[0],
         "load_avg_after": load[1],
         "load_avg_stall_before": stall["load_avg_before"],
