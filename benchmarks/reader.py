@@ -694,7 +694,7 @@ def measure(
     return passes, orders
 
 
-def propose_groups(
+def analyses_per_job(
     clustered: Path,
     *,
     profile: str,
@@ -740,7 +740,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         else {"end": None, "partitions": len(committed_partition_dirs(clustered))}
     )
     end = str(window["end"]) if window["end"] is not None else None
-    analyses = propose_groups(
+    analyses = analyses_per_job(
         clustered,
         profile=args.profile,
         batch_size=args.batch_size,
