@@ -42,6 +42,7 @@ from typing import Any
 
 import psutil
 
+from recd.checkpoint.atomic import list_checkpoints
 from recd.errors import RecoveryError
 from recd.train.launch import torchrun_command
 
@@ -122,6 +123,9 @@ class _Watch:
         """Append the complete metrics lines written since the last read."""
         if not self.metrics_path.exists():
             return
+        if self.metrics_path.stat().st_size < self._offset:
+            # A fresh start (no checkpoint to resume from) truncates the file: read it anew.
+            self._offset = 0
         with self.metrics_path.open() as f:
             f.seek(self._offset)
             chunk = f.read()
@@ -174,9 +178,15 @@ def run_elastic(
     max_restarts: int = 1,
     timeout_s: float = 300.0,
     env: dict[str, str] | None = None,
+    after_a_checkpoint: bool = False,
 ) -> ElasticReport:
     """Run the job under torchrun, SIGKILL rank ``kill_rank`` once rank 0 logged step
-    ``kill_after_step``, wait for the end; ``run_dir`` is the config's ``[train] run_dir``."""
+    ``kill_after_step``, wait for the end; ``run_dir`` is the config's ``[train] run_dir``
+    (where its checkpoints go too).
+
+    ``after_a_checkpoint``: also wait until a checkpoint file is committed, so the group
+    resumes from one rather than from step 0 (a background write may still be running at
+    ``kill_after_step`` on a loaded machine)."""
     command = elastic_command(config, nproc=nproc, max_restarts=max_restarts)
     proc = subprocess.Popen(
         command,
@@ -193,7 +203,8 @@ def run_elastic(
         while proc.poll() is None:
             if time.monotonic() > deadline:
                 raise RecoveryError(f"{run_dir}: the torchrun job did not end in {timeout_s} s")
-            if killed is None and watch.last_step() >= kill_after_step:
+            ready = not after_a_checkpoint or bool(list_checkpoints(run_dir))
+            if killed is None and ready and watch.last_step() >= kill_after_step:
                 victims = [p for p, (_, r) in watch.workers.items() if r == kill_rank]
                 live = [p for p in victims if psutil.pid_exists(p)]
                 if live:

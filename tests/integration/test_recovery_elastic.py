@@ -4,9 +4,8 @@ one worker SIGKILLed mid-training (``recd.recovery.elastic``).
 The group must restart by itself, resume from the newest valid checkpoint and finish every
 step; the driver must split the recovery into detection, restart, start-up, first step and
 replay. torchrun (torch 2.13) reuses its store across restarts, so gloo's default
-``init_process_group`` meets the dead group's stale addresses and times out: the restart
-needs ``recd.train.launch.init_distributed`` to key its store by
-``TORCHELASTIC_RESTART_COUNT`` (issue 6 report); until then this test is skipped.
+``init_process_group`` would meet the dead group's stale addresses and time out:
+``recd.train.launch.init_distributed`` keys its store by ``TORCHELASTIC_RESTART_COUNT``.
 """
 
 from __future__ import annotations
@@ -42,7 +41,9 @@ def test_killed_worker_group_restarts_from_the_newest_checkpoint(
     )
     text = config.read_text().replace("log_every = 5", "log_every = 1")
     config.write_text(text + "\n[checkpoint]\ncheckpoint_every = 5\n")
-    report = run_elastic(config, run_dir, kill_after_step=7, timeout_s=360, env=recd_env())
+    report = run_elastic(
+        config, run_dir, kill_after_step=7, timeout_s=360, env=recd_env(), after_a_checkpoint=True
+    )
     assert report.returncode == 0, [line for _, line in report.lines][-30:]
     assert report.restarts == 1
     timeline = report.timeline
