@@ -35,6 +35,7 @@ from recd.jagged import (
     stack_columns,
     take_rows,
 )
+from recd.layout import EncodedChunk, encoded_chunks, group_rows, take_chunk_rows
 from recd.schema import Catalogue
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "convert_sparse",
     "find_distinct_rows",
     "gather_rows",
+    "ikjt_from_encoded",
     "ikjt_from_stacked",
     "read_list_column",
     "read_stacked_columns",
@@ -170,13 +172,41 @@ def convert_sparse(
     def stacked(names: list[str]) -> JaggedColumn:
         return read_stacked_columns(batch, names, source=source, row_offset=row_offset)
 
+    ikjts = []
+    for group in spec.dedup_sparse_features:
+        per_key = [encoded_chunks(batch, name, source=source) for name in group]
+        if all(chunks is not None for chunks in per_key):
+            ikjts.append(ikjt_from_encoded(per_key, group, batch_size=b))  # type: ignore[arg-type]
+        else:
+            ikjts.append(ikjt_from_stacked(stacked(group), group, batch_size=b))
     return SparseFeatures(
         batch_size=b,
         kjt=_plain_kjt(stacked(plain), plain, b) if plain else None,
-        ikjts=[
-            ikjt_from_stacked(stacked(group), group, batch_size=b)
-            for group in spec.dedup_sparse_features
-        ],
+        ikjts=ikjts,
+    )
+
+
+def ikjt_from_encoded(
+    per_key: Sequence[Sequence[EncodedChunk]], keys: list[str], *, batch_size: int
+) -> InverseKeyedJaggedTensor:
+    """The IKJT of a group stored in the dedup layout, without hashing: a row is distinct iff
+    it appends or drops ids in some key (or starts a chunk), and the distinct rows' lists are
+    slices of their row groups' sequences (``recd.layout``).
+
+    Repeats that are not adjacent (A-B-A) or that span sessions stay separate entries, so an
+    IKJT may hold more distinct rows than the hashing path's; it expands to the same KJT.
+    """
+    new = group_rows(per_key, batch_size)
+    distinct = np.flatnonzero(new)
+    inverse = np.cumsum(new, dtype=np.int64) - 1
+    parts = [take_chunk_rows(chunks, distinct) for chunks in per_key]
+    lengths = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
+    values = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
+    return InverseKeyedJaggedTensor(
+        keys=list(keys),
+        values=torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)),
+        lengths=torch.from_numpy(lengths.astype(np.int64, copy=False)),
+        inverse_lookup=torch.from_numpy(inverse),
     )
 
 

@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recd.errors import SchemaError
+from recd.layout import encoded_chunks, expand_chunks
 
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -157,8 +158,19 @@ def read_stacked_columns(
     checked once on the concatenated array: a single C++ call instead of a dozen numpy
     operations per column. Anything else (another type, a null, an overflow) takes the
     per-column path, which converts what can be converted and raises what
-    ``read_list_column`` raises, naming the column and row.
+    ``read_list_column`` raises, naming the column and row. Features held in the dedup
+    layout's in-memory form (``recd.layout``) are expanded to their plain rows.
     """
+    encoded = [encoded_chunks(batch, name, source=source) for name in names]
+    if any(chunks is not None for chunks in encoded):
+        return stack_columns(
+            [
+                read_list_column(batch, name, source=source, row_offset=row_offset)
+                if chunks is None
+                else _jagged(*expand_chunks(chunks))
+                for name, chunks in zip(names, encoded, strict=True)
+            ]
+        )
     arrays = [_chunks(batch, name, source=source, expected="list<int64>") for name in names]
     chunks = [chunk for column in arrays for chunk in column]
     if len(chunks) > 1 and all(c.type.equals(SPARSE_TYPE) for c in chunks):
@@ -173,6 +185,12 @@ def read_stacked_columns(
     return stack_columns(
         [read_list_column(batch, n, source=source, row_offset=row_offset) for n in names]
     )
+
+
+def _jagged(lengths: np.ndarray, values: np.ndarray) -> JaggedColumn:
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return JaggedColumn(offsets=offsets, values=values)
 
 
 # ---------------------------------------------------------------------- dedup kernel

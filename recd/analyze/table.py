@@ -67,6 +67,7 @@ from recd.jagged import (
     read_list_column,
     read_stacked_columns,
 )
+from recd.layout import layout_of, read_plain
 from recd.progress import progress
 from recd.reader.stream import iter_worker_batches
 from recd.schema import CATALOGUE_METADATA_KEY, SESSION_ID, TS, Catalogue, catalogue_from_schema
@@ -307,10 +308,11 @@ def _iter_partitions(
         parts = []
         for path in files:
             schema = pq.read_schema(path)
-            missing = [c for c in columns if schema.get_field_index(c) < 0]
+            stored = layout_of(schema, source=str(path)).physical_columns(columns)
+            missing = [c for c in stored if schema.get_field_index(c) < 0]
             if missing:
                 raise SchemaError(f"{path}: missing column {missing[0]!r}")
-            parts.append(pq.read_table(path, columns=columns))
+            parts.append(read_plain(str(path), columns))
         if parts:
             yield str(partition), pa.concat_tables(parts).combine_chunks()
 

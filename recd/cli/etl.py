@@ -9,6 +9,7 @@ from recd.etl.config import (
     DEFAULT_TARGET_FILE_BYTES,
     DICTIONARY_MODES,
     ENGINES,
+    LAYOUTS,
     ON_BAD_ROWS,
     EtlConfig,
 )
@@ -34,6 +35,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--start", metavar="ISO", help="window start, inclusive (UTC, on an hour)")
     parser.add_argument("--end", metavar="ISO", help="window end, exclusive (UTC, on an hour)")
     parser.add_argument("--baseline", action="store_true", help="write rows in arrival order")
+    parser.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="plain",
+        help="plain: every row's lists in full; dedup: each session's repeated and sliding "
+        "sparse values stored once (recd readers build IKJTs from it without hashing; "
+        "see docs/layout.md)",
+    )
+    parser.add_argument(
+        "--dedup-features",
+        type=_feature_list,
+        metavar="A,B,...",
+        help="with --layout dedup: the sparse features to encode (default: all)",
+    )
     parser.add_argument(
         "--row-group-rows", type=int, default=8192, metavar="N", help="rows per row group"
     )
@@ -100,6 +115,8 @@ def _run(args: argparse.Namespace) -> int:
         spark_master=args.spark_master,
         show_progress=not args.no_progress,
         workers=args.workers,
+        layout=args.layout,
+        dedup_features=args.dedup_features,
     )
     report = run_etl(config)
     print(f"recd etl: {config.shard_dir} -> {config.table_dir}")
@@ -107,6 +124,14 @@ def _run(args: argparse.Namespace) -> int:
     if args.json is not None:
         report.write_json(args.json)
     return 0
+
+
+def _feature_list(text: str) -> list[str]:
+    """``--dedup-features``: comma-separated feature names."""
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected comma-separated feature names, got {text!r}")
+    return names
 
 
 def _workers(text: str) -> int | None:

@@ -10,10 +10,12 @@ from typing import Any
 
 from recd.errors import ConfigError
 from recd.etl.partitions import MS_PER_HOUR, format_time_ms, parse_time_ms
+from recd.schema import Catalogue
 
 ENGINES = ("local", "spark")
 DICTIONARY_MODES = ("auto", "all", "none")
 ON_BAD_ROWS = ("fail", "quarantine")
+LAYOUTS = ("plain", "dedup")
 ZSTD_LEVELS = range(1, 23)
 DEFAULT_TARGET_FILE_BYTES = 256 << 20
 
@@ -61,6 +63,14 @@ class EtlConfig:
     """Show a progress bar per shard (also silenced by ``RECD_PROGRESS=0``)."""
     spark_master: str | None = None
     """Spark master URL for ``engine="spark"`` (None: the Spark engine's default, local mode)."""
+    layout: str = "plain"
+    """``plain``: every row's lists stored in full. ``dedup``: each session's repeated and
+    sliding sparse values stored once (``recd.layout``; docs/layout.md); recd's readers build
+    IKJTs from it without hashing."""
+    dedup_features: list[str] | None = None
+    """Sparse features the ``dedup`` layout encodes. None: those whose stored ids are at most
+    ``recd.layout.MAX_STORED_FRACTION`` of their ids on the ETL's sample (a feature that
+    changes on every row would only pay for its ``__dropped`` column)."""
     workers: int | None = None
     """Threads of the local engine (pyarrow's kernels release the GIL). 1: serial. 2 or more:
     a reader thread prepares (decodes, validates, sorts) the next shard-pass while this thread
@@ -87,6 +97,9 @@ class EtlConfig:
         _check_choice("dictionary", self.dictionary, DICTIONARY_MODES)
         _check_choice("on_bad_rows", self.on_bad_rows, ON_BAD_ROWS)
         _check_choice("engine", self.engine, ENGINES)
+        _check_choice("layout", self.layout, LAYOUTS)
+        if self.dedup_features is not None and self.layout != "dedup":
+            raise ConfigError("dedup_features is only used with layout 'dedup'")
         start_ms, end_ms = self.start_ms, self.end_ms
         if start_ms is not None and end_ms is not None and end_ms <= start_ms:
             raise ConfigError(f"end ({self.end}) must be after start ({self.start})")
@@ -100,6 +113,21 @@ class EtlConfig:
     @property
     def end_ms(self) -> int | None:
         return None if self.end is None else _hour_aligned_ms(self.end, "end")
+
+    def dedup_candidates(self, catalogue: Catalogue) -> list[str]:
+        """The sparse features the layout may encode, in column order ([] for ``plain``);
+        ConfigError naming a listed feature the catalogue does not have."""
+        if self.layout != "dedup":
+            return []
+        if self.dedup_features is None:
+            return catalogue.sparse_names
+        unknown = [f for f in self.dedup_features if f not in catalogue.sparse_names]
+        if unknown:
+            raise ConfigError(
+                f"dedup_features: {unknown[0]!r} is not a sparse feature of the catalogue "
+                f"({', '.join(catalogue.sparse_names)})"
+            )
+        return [f for f in catalogue.sparse_names if f in self.dedup_features]
 
     @property
     def worker_threads(self) -> int:
@@ -119,6 +147,13 @@ class EtlReport:
     """Engine that ran: ``local`` or ``spark``."""
     clustered: bool
     """True: rows clustered by session, ts-sorted; False: baseline arrival order."""
+    layout: str = "plain"
+    """The table layout written (``plain`` or ``dedup``)."""
+    encoded_features: list[str] = field(default_factory=list)
+    """Sparse features stored in the dedup layout's encoded form."""
+    stored_id_fraction: dict[str, float] = field(default_factory=dict)
+    """Dedup layout: stored ids / ids of each candidate feature, measured on the encoding
+    sample (the default encodes those at or below ``recd.layout.MAX_STORED_FRACTION``)."""
     rows_read: int = 0
     """Rows decoded from the shards (every row of every readable block)."""
     rows_outside_window: int = 0
@@ -191,7 +226,8 @@ class EtlReport:
             + (f"  ({self.bytes_out / self.rows_out:.1f} B/row)" if self.rows_out else ""),
             f"{self.seconds:.2f} s  {self.rows_per_s:,.0f} rows/s  "
             f"peak RSS {self.peak_rss_bytes / 2**20:.0f} MiB  "
-            f"({'clustered by session' if self.clustered else 'baseline arrival order'})",
+            f"({'clustered by session' if self.clustered else 'baseline arrival order'}"
+            f"{', dedup layout' if self.layout == 'dedup' else ''})",
         ]
         if self.blocks_quarantined or self.frames_quarantined:
             lines.append(

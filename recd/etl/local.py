@@ -99,7 +99,7 @@ from recd.etl.commit import (
     staging_dir,
 )
 from recd.etl.config import EtlConfig, EtlReport, window_of
-from recd.etl.encodings import SAMPLE_MAX_BYTES, EncodingPlan, plan_encodings
+from recd.etl.encodings import SAMPLE_MAX_BYTES, SAMPLE_ROWS, EncodingPlan, plan_encodings
 from recd.etl.partitions import Partition, hour_ids
 from recd.etl.validate import (
     BlockValidator,
@@ -109,6 +109,7 @@ from recd.etl.validate import (
     frame_content_sizes,
     iter_frames,
 )
+from recd.layout import choose_encoded, dedup_schema, encode_row_group
 from recd.logs.hashing import splitmix64
 from recd.logs.rawlog import MANIFEST_FILE, SHARD_GLOB, read_catalogue
 from recd.progress import progress_bar
@@ -437,10 +438,16 @@ class PartitionWriter:
         target_file_bytes: int,
         split_at_sessions: bool,
         codec: SpoolCodec,
+        encoded: list[str] | None = None,
     ) -> None:
         self.directory = directory
         self.schema = schema  # the catalogue's, metadata included
-        self.file_schema = strict_schema(schema)  # no nulls reach a table (recd.etl.validate)
+        self.strict_schema = strict_schema(schema)  # no nulls reach a table (recd.etl.validate)
+        self.encoded = list(encoded or [])
+        """Features written in the dedup layout (recd.layout), each row group encoded alone."""
+        self.file_schema = (
+            dedup_schema(self.strict_schema, self.encoded) if self.encoded else self.strict_schema
+        )
         self.writer_options = writer_options
         self.row_group_rows = row_group_rows
         self.target_file_bytes = target_file_bytes
@@ -549,9 +556,10 @@ class PartitionWriter:
         if self._writer is None:
             self._open()
         assert self._writer is not None
-        self._writer.write_table(
-            as_table_schema(rows, self.file_schema), row_group_size=self.row_group_rows
-        )
+        table = as_table_schema(rows, self.strict_schema)
+        if self.encoded:
+            table = encode_row_group(table, self.encoded, schema=self.file_schema)
+        self._writer.write_table(table, row_group_size=self.row_group_rows)
         if self.split_at_sessions:
             self._last_session = int(rows.column(SESSION_ID)[-1].as_py())
 
@@ -597,6 +605,7 @@ class PartitionWriters:
         split_at_sessions: bool,
         writer_options: dict[str, Any],
         max_open_files: int = MAX_OPEN_FILES,
+        encoded: list[str] | None = None,
     ) -> None:
         if max_open_files < 1:
             raise ConfigError(f"max_open_files must be >= 1, got {max_open_files}")
@@ -609,6 +618,7 @@ class PartitionWriters:
         self.buffer_bytes = buffer_bytes
         self.split_at_sessions = split_at_sessions
         self.max_open_files = max_open_files
+        self.encoded = list(encoded or [])
         self.codec = SpoolCodec(schema.remove_metadata())
         self.writers: dict[Partition, PartitionWriter] = {}
         self.rows_per_partition: dict[Partition, int] = {}
@@ -637,6 +647,7 @@ class PartitionWriters:
                 target_file_bytes=self.target_file_bytes,
                 split_at_sessions=self.split_at_sessions,
                 codec=self.codec,
+                encoded=self.encoded,
             )
         position, total = 0, rows.num_rows
         while position < total:
@@ -734,10 +745,13 @@ class LocalEtl:
         self.schema = self.catalogue.arrow_schema()  # with the catalogue in its metadata
         self.run_id = new_run_id()
         self.staging = staging_dir(config.table_dir, self.run_id)
+        self.candidates = config.dedup_candidates(self.catalogue)
+        self.encoded: list[str] = []  # chosen on the first rows (_start_writers)
         self.report = EtlReport(
             run_id=self.run_id,
             engine="local",
             clustered=not config.baseline,
+            layout=config.layout,
             window=window_of(config),
             workers=self.workers,
         )
@@ -973,6 +987,14 @@ class LocalEtl:
     def _start_writers(self, table: pa.Table) -> PartitionWriters:
         """Plan the encodings on the first pass's rows (in output order); open the writers."""
         config = self.config
+        if self.candidates:  # the columns as the dedup layout writes them
+            sample = table.slice(0, SAMPLE_ROWS)
+            self.encoded, fractions = choose_encoded(
+                sample, self.candidates, listed=config.dedup_features is not None
+            )
+            self.report.encoded_features = list(self.encoded)
+            self.report.stored_id_fraction = fractions
+            table = encode_row_group(sample, self.encoded)
         self.plan = plan_encodings(
             table,
             sample_bytes=self._sample_bytes(),
@@ -996,6 +1018,7 @@ class LocalEtl:
                 **self.plan.writer_options(),
             },
             max_open_files=MAX_OPEN_FILES,
+            encoded=self.encoded,
         )
         return self.writers
 

@@ -163,6 +163,7 @@ from recd.etl.validate import (
     Quarantine,
     decode_frame,
 )
+from recd.layout import choose_encoded, dedup_schema, encode_row_group
 from recd.logs.rawlog import read_catalogue
 from recd.schema import SESSION_ID, TS, Catalogue
 
@@ -345,6 +346,8 @@ class SparkJob:
     zstd_level: int
     writer_options: dict[str, Any] = field(default_factory=dict)
     """``use_dictionary`` / ``column_encoding`` from the encoding plan (same for every file)."""
+    encoded: list[str] = field(default_factory=list)
+    """Features written in the dedup layout (recd.layout), each row group encoded alone."""
     fail_once_dir: str | None = None
     """Test hook (FAIL_ONCE_ENV); None in normal runs."""
 
@@ -548,6 +551,8 @@ class HourFileWriter:
         self.name = name
         self.rows = 0
         self.schema = schema  # the table schema (Catalogue.table_schema), metadata included
+        self.encoded = list(job.encoded)
+        self.file_schema = dedup_schema(schema, self.encoded) if self.encoded else schema
         self.row_group_rows = job.row_group_rows
         directory = partition.path(Path(job.staging))
         directory.mkdir(parents=True, exist_ok=True)
@@ -555,10 +560,10 @@ class HourFileWriter:
         self.tmp = directory / f".{name}.{uuid.uuid4().hex}.tmp"
         sorting = None
         if not job.baseline:
-            sorting = [pq.SortingColumn(schema.get_field_index(n)) for n in CLUSTER_KEYS]
+            sorting = [pq.SortingColumn(self.file_schema.get_field_index(n)) for n in CLUSTER_KEYS]
         self.writer = pq.ParquetWriter(
             self.tmp,
-            schema,
+            self.file_schema,
             compression="zstd",
             compression_level=job.zstd_level,
             sorting_columns=sorting,
@@ -576,7 +581,10 @@ class HourFileWriter:
 
     def _flush(self, rows: int) -> None:
         table = pa.concat_tables(self.pending)
-        self.writer.write_table(table.slice(0, rows), row_group_size=self.row_group_rows)
+        group = table.slice(0, rows)
+        if self.encoded:
+            group = encode_row_group(group, self.encoded, schema=self.file_schema)
+        self.writer.write_table(group, row_group_size=self.row_group_rows)
         rest = table.slice(rows)
         self.pending = [rest] if rest.num_rows else []
         self.pending_rows = rest.num_rows
@@ -750,10 +758,13 @@ class SparkEtl:
         self.unit_bytes = unit_bytes
         self.parquet_fraction = 1.0
         """File bytes per decoded byte, measured on the encoding sample (1.0 until then)."""
+        self.candidates = config.dedup_candidates(self.catalogue)
+        self.encoded: list[str] = []  # chosen on the encoding sample (_plan_encodings)
         self.report = EtlReport(
             run_id=self.run_id,
             engine="spark",
             clustered=not config.baseline,
+            layout=config.layout,
             window=window_of(config),
         )
 
@@ -813,6 +824,7 @@ class SparkEtl:
             row_group_rows=self.config.row_group_rows,
             zstd_level=self.config.zstd_level,
             writer_options={} if plan is None else plan.writer_options(),
+            encoded=list(self.encoded),
             fail_once_dir=os.environ.get(FAIL_ONCE_ENV) or None,
         )
 
@@ -851,6 +863,14 @@ class SparkEtl:
         order = output_order(table, hour_ids(table.column(TS)), clustered=not self.config.baseline)
         budget = self.config.memory_budget_bytes
         sample = table.take(order.slice(0, SAMPLE_ROWS))
+        decoded_bytes = sample.nbytes
+        if self.candidates:  # the columns as the dedup layout writes them
+            self.encoded, fractions = choose_encoded(
+                sample, self.candidates, listed=self.config.dedup_features is not None
+            )
+            self.report.encoded_features = list(self.encoded)
+            self.report.stored_id_fraction = fractions
+            sample = encode_row_group(sample, self.encoded)
         plan = plan_encodings(
             sample,
             sample_bytes=SAMPLE_MAX_BYTES
@@ -868,8 +888,8 @@ class SparkEtl:
             zstd_level=self.config.zstd_level,
             row_group_rows=self.config.row_group_rows,
         )
-        if sample.nbytes:
-            self.parquet_fraction = min(1.0, sum(written.values()) / sample.nbytes)
+        if decoded_bytes:
+            self.parquet_fraction = min(1.0, sum(written.values()) / decoded_bytes)
         return plan
 
     def _default_partitions(self, units: list[Unit]) -> int:

@@ -23,6 +23,7 @@ partitions, validated against the config, then pickled to the DataLoader workers
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ import pyarrow.parquet as pq
 
 from recd.errors import ConfigError, SchemaError
 from recd.etl.commit import committed_partition_dirs
+from recd.layout import Layout, layout_of, len_column, new_ids_column
 from recd.reader.config import SPARSE_PREPROCESS_KINDS, ReaderConfig, Shuffle
 from recd.schema import (
     CATALOGUE_METADATA_KEY,
@@ -59,6 +61,8 @@ class WorkUnit:
     """Row number, inside the file, of the row group's first row (for error messages)."""
     read_bytes: int
     """Compressed bytes of the projected column chunks: what reading the unit costs."""
+    encoded: tuple[str, ...] = ()
+    """Sparse features read that the file stores in the dedup layout (``recd.layout``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +93,24 @@ class ReadPlan:
     """Arrow type of every projected column (identical in every file)."""
     units: list[WorkUnit]
     """All units, in table order."""
+    encoded: list[str] = dataclasses.field(default_factory=list)
+    """Sparse features some file stores in the dedup layout: batches carry them in the
+    encoded form (``f__new_ids`` + ``f__len``, see ``recd.layout``) from every unit, plain
+    units included, and conversion builds their IKJTs without hashing."""
+
+    @property
+    def batch_columns(self) -> list[str]:
+        """The columns of a batch's rows (``columns`` less ``session_id``, each encoded
+        feature as its two in-memory columns)."""
+        out: list[str] = []
+        for name in self.columns:
+            if name == SESSION_ID:
+                continue
+            if name in self.encoded:
+                out.extend([new_ids_column(name), len_column(name)])
+            else:
+                out.append(name)
+        return out
 
     @property
     def num_rows(self) -> int:
@@ -224,9 +246,15 @@ def build_plan(config: ReaderConfig) -> ReadPlan:
     if config.shuffle == Shuffle.SESSION:
         columns.append(SESSION_ID)
     _check_preprocessing(config, dense=dense, sparse=sparse)
-    column_types = _check_schemas(files, metas, columns, sparse=sparse)
+    layouts = [
+        layout_of(meta.schema.to_arrow_schema(), source=str(path))
+        for path, meta in zip(files, metas, strict=True)
+    ]
+    column_types = _check_schemas(files, metas, layouts, columns, sparse=sparse)
     units: list[WorkUnit] = []
-    for path, meta in zip(files, metas, strict=True):
+    for path, meta, layout in zip(files, metas, layouts, strict=True):
+        encoded = tuple(f for f in sparse if f in layout.encoded)
+        physical = set(layout.physical_columns(columns))
         first_row = 0
         for rg in range(meta.num_row_groups):
             group = meta.row_group(rg)
@@ -238,7 +266,8 @@ def build_plan(config: ReaderConfig) -> ReadPlan:
                         row_group=rg,
                         num_rows=group.num_rows,
                         first_row=first_row,
-                        read_bytes=_projected_bytes(group, set(columns)),
+                        read_bytes=_projected_bytes(group, physical),
+                        encoded=encoded,
                     )
                 )
             first_row += group.num_rows
@@ -251,6 +280,7 @@ def build_plan(config: ReaderConfig) -> ReadPlan:
         columns=columns,
         column_types=column_types,
         units=units,
+        encoded=[f for f in sparse if any(f in u.encoded for u in units)],
     )
 
 
@@ -305,16 +335,25 @@ def _check_preprocessing(config: ReaderConfig, *, dense: list[str], sparse: list
 
 
 def _check_schemas(
-    files: list[Path], metas: list[pq.FileMetaData], columns: list[str], *, sparse: list[str]
+    files: list[Path],
+    metas: list[pq.FileMetaData],
+    layouts: list[Layout],
+    columns: list[str],
+    *,
+    sparse: list[str],
 ) -> dict[str, pa.DataType]:
-    """Types of ``columns``; SchemaError if one is missing, unusable, or changes across files."""
+    """Types of ``columns``; SchemaError if one is missing, unusable, or changes across files.
+
+    A feature a file stores in the dedup layout has the type of its ``__new_ids`` column
+    (its ``__dropped`` column was checked by ``layout_of``)."""
     sparse_set = set(sparse)
     types: dict[str, pa.DataType] = {}
     origin: dict[str, Path] = {}
-    for path, meta in zip(files, metas, strict=True):
+    for path, meta, layout in zip(files, metas, layouts, strict=True):
         schema = meta.schema.to_arrow_schema()
         for name in columns:
-            idx = schema.get_field_index(name)
+            stored = new_ids_column(name) if name in layout.encoded else name
+            idx = schema.get_field_index(stored)
             if idx < 0:
                 seen = f" (present in {origin[name]})" if name in origin else ""
                 raise SchemaError(f"{path}: missing column {name!r}{seen}")

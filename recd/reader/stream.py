@@ -18,6 +18,14 @@ import pyarrow.parquet as pq
 
 from recd.errors import BadRowError, SchemaError
 from recd.jagged import SPARSE_TYPE
+from recd.layout import (
+    Layout,
+    as_encoded,
+    dropped_column,
+    len_column,
+    new_ids_column,
+    read_row_group,
+)
 from recd.reader.config import Shuffle
 from recd.reader.plan import ReadPlan, WorkUnit, locate, session_order
 from recd.schema import SESSION_ID, strict_type
@@ -48,21 +56,34 @@ class UnitReader:
         self._file: pq.ParquetFile | None = None
 
     def read(self, unit: WorkUnit, *, epoch: int) -> pa.Table:
-        """The unit's rows: projected, checked, canonical types, sessions permuted if asked."""
+        """The unit's rows: projected, checked, canonical types, sessions permuted if asked;
+        the plan's encoded features in their in-memory dedup form (``recd.layout``)."""
         table = self._read_raw(unit)
         table = normalise_table(table, unit, self.plan)
+        if unit.encoded:
+            table = read_row_group(table, unit.encoded, path=unit.path, first_row=unit.first_row)
+        for name in self.plan.encoded:
+            if name not in unit.encoded:  # a plain file beside dedup ones: every row is new
+                i = table.schema.get_field_index(name)
+                ids, lengths = as_encoded(table.column(i))
+                table = table.remove_column(i)
+                table = table.append_column(new_ids_column(name), ids)
+                table = table.append_column(len_column(name), lengths)
         if self.plan.config.shuffle == Shuffle.SESSION:
             ids = table.column(SESSION_ID).to_numpy()
             order = session_order(ids, seed=self.plan.config.seed, epoch=epoch, unit=unit.index)
             table = table.take(pa.array(order))
-        return table.select([c for c in self.plan.columns if c != SESSION_ID])
+        return table.select(self.plan.batch_columns)
 
     def _read_raw(self, unit: WorkUnit) -> pa.Table:
+        columns = self.plan.columns
+        if unit.encoded:
+            columns = Layout("dedup", unit.encoded).physical_columns(columns)
         try:
             if self._path != unit.path or self._file is None:
                 self._file = pq.ParquetFile(unit.path)
                 self._path = unit.path
-            return self._file.read_row_group(unit.row_group, columns=self.plan.columns)
+            return self._file.read_row_group(unit.row_group, columns=columns)
         except (OSError, pa.ArrowException) as exc:
             raise SchemaError(
                 f"{unit.path}: row group {unit.row_group}: cannot read: {exc}"
@@ -78,13 +99,16 @@ def normalise_table(table: pa.Table, unit: WorkUnit, plan: ReadPlan) -> pa.Table
     metadata, so a row group costs a few attribute reads per column, not a compute kernel.
     """
     sparse = set(plan.sparse)
+    stored = {c for f in unit.encoded for c in (new_ids_column(f), dropped_column(f))}
     columns = []
     # Tables written by recd's ETL have no nullable field (Catalogue.table_schema): their
     # columns hold no null and are viewed, zero-copy, as the canonical nullable types, so
     # that row groups of older tables and newer ones concatenate.
     changed = not all(f.nullable for f in table.schema)
     for name, col in zip(table.column_names, table.columns, strict=True):
-        if name in sparse:
+        if name in stored:  # the dedup layout's columns: checked by recd.layout.read_row_group
+            out = col
+        elif name in sparse:
             if col.type.equals(_STRICT_SPARSE_TYPE):
                 out = pa.chunked_array(
                     [chunk.view(SPARSE_TYPE) for chunk in col.chunks], type=SPARSE_TYPE

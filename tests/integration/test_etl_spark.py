@@ -48,10 +48,12 @@ from recd.etl.spark import (  # noqa: E402
     spark_schema,
 )
 from recd.etl.validate import iter_frames  # noqa: E402
+from recd.layout import layout_of, read_plain  # noqa: E402
 from recd.logs.generate import generate_logs  # noqa: E402
 from recd.logs.rawlog import encode_block, iter_shard, shard_path, write_frame  # noqa: E402
 from recd.logs.shard import shard_logs  # noqa: E402
 from recd.schema import (  # noqa: E402
+    REQUEST_ID,
     SESSION_ID,
     TS,
     Catalogue,
@@ -60,10 +62,17 @@ from recd.schema import (  # noqa: E402
 )
 
 try:  # tests/ is a package (tests/__init__.py) or pytest put tests/ itself on sys.path
-    from tests.unit.etl_shards import all_rows, is_clustered, read_committed, session_runs
+    from tests.unit.etl_shards import (
+        all_rows,
+        as_nullable,
+        is_clustered,
+        read_committed,
+        session_runs,
+    )
 except ModuleNotFoundError:
     from unit.etl_shards import (  # type: ignore[no-redef]
         all_rows,
+        as_nullable,
         is_clustered,
         read_committed,
         session_runs,
@@ -211,6 +220,42 @@ def test_clustered_table_matches_the_local_engine(
         pa.list_(pa.field("item", pa.int64(), nullable=False))
     )
     assert not [p.name for p in table.iterdir() if p.name.startswith(("_tmp", "_trash"))]
+
+
+def plain_rows(table_dir: Path) -> pa.Table:
+    """Every committed row of a table of either layout, decoded to the plain form."""
+    tables = [
+        read_plain(str(path)) for _, path, _ in read_committed(table_dir, decode=False)
+    ]
+    return as_nullable(pa.concat_tables(tables)).sort_by(REQUEST_ID)
+
+
+def test_dedup_layout_holds_the_local_engines_rows(
+    spark: SparkSession,
+    shards: Path,
+    tmp_path: Path,
+    local_clustered: tuple[Path, EtlReport],
+) -> None:
+    local_plain, _ = local_clustered
+    local = run_etl(config(shards, tmp_path / "local", row_group_rows=50, layout="dedup"))
+    report = run_spark_etl(
+        config(shards, tmp_path / "spark", row_group_rows=50, layout="dedup"),
+        spark=spark,
+        unit_bytes=UNIT_BYTES,
+        output_partitions=2,
+    )
+    # The same sample chooses the same features; the files differ (Spark writes one file per
+    # task and hour, so its row groups, where sequences restart, fall elsewhere): the rows
+    # they decode to are the same, and the same as the plain table's.
+    assert report.layout == local.layout == "dedup"
+    assert report.encoded_features == local.encoded_features
+    assert report.encoded_features and report.stored_id_fraction == local.stored_id_fraction
+    expected = all_rows(local_plain)
+    assert plain_rows(tmp_path / "spark").equals(expected)
+    assert plain_rows(tmp_path / "local").equals(expected)
+    for _, path, _ in read_committed(tmp_path / "spark", decode=False):
+        encoded = layout_of(pq.read_schema(path), source=str(path)).encoded
+        assert encoded == tuple(report.encoded_features), path
 
 
 def partition_rows(table_dir: Path) -> dict[str, pa.Table]:

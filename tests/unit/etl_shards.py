@@ -115,8 +115,9 @@ def write_blocks(path: Path, batches: list[pa.RecordBatch]) -> None:
             write_frame(f, encode_block(batch, compressor))
 
 
-def read_committed(table_dir: Path) -> list[tuple[str, Path, pa.Table]]:
-    """(``ds=../hour=..``, file, rows) of every file of every committed partition, in order."""
+def read_committed(table_dir: Path, *, decode: bool = True) -> list[tuple[str, Path, pa.Table]]:
+    """(``ds=../hour=..``, file, rows) of every file of every committed partition, in order
+    (rows read only when ``decode``: an empty table otherwise)."""
     from recd.etl.commit import list_committed_partitions, read_success
 
     out = []
@@ -124,7 +125,8 @@ def read_committed(table_dir: Path) -> list[tuple[str, Path, pa.Table]]:
         directory = partition.path(table_dir)
         for f in read_success(directory).files:
             path = directory / f.name
-            out.append((partition.relpath, path, as_nullable(pq.read_table(path))))
+            rows = as_nullable(pq.read_table(path)) if decode else pa.table({})
+            out.append((partition.relpath, path, rows))
     return out
 
 

@@ -19,8 +19,16 @@ from recd.etl.commit import SUCCESS_FILE, list_committed_files
 from recd.etl.config import EtlConfig, EtlReport
 from recd.etl.local import run_etl
 from recd.etl.partitions import Partition
+from recd.layout import read_plain
 from recd.logs.rawlog import read_catalogue
-from recd.schema import REQUEST_ID, SESSION_ID, TS, Catalogue, catalogue_from_schema
+from recd.schema import (
+    REQUEST_ID,
+    SESSION_ID,
+    TS,
+    Catalogue,
+    catalogue_from_schema,
+    load_catalogue,
+)
 
 from .etl_shards import (
     MS_PER_HOUR,
@@ -433,3 +441,50 @@ def test_passes_come_from_the_manifest_when_it_lists_decoded_sizes(
     report = etl(shard_dir, tmp_path / "c", memory_budget_bytes=budget, workers=2)
     assert set(report.passes_per_shard.values()) == {16}
     assert all_rows(tmp_path / "c").equals(rows.sort_by(REQUEST_ID))
+
+
+def test_dedup_layout_decodes_to_the_plain_tables_rows_under_a_memory_budget(
+    tmp_path: Path, shard_dir: Path, rows: pa.Table
+) -> None:
+    # Several passes per shard, early flushes and rolled files: row groups of every size.
+    kwargs: dict[str, Any] = {
+        "row_group_rows": 64,
+        "memory_budget_bytes": 50_000,
+        "target_file_bytes": 5_000,
+    }
+    plain = etl(shard_dir, tmp_path / "plain", **kwargs)
+    report = etl(shard_dir, tmp_path / "dedup", layout="dedup", **kwargs)
+    assert report.layout == "dedup" and report.encoded_features
+    assert set(report.stored_id_fraction) == set(load_catalogue("tiny").sparse_names)
+    assert report.rows_out == plain.rows_out == rows.num_rows
+    ours = [
+        (rel, read_plain(str(path)))
+        for rel, path, _ in read_committed(tmp_path / "dedup", decode=False)
+    ]
+    theirs = read_committed(tmp_path / "plain")
+    assert [rel for rel, _ in ours] == [rel for rel, _, _ in theirs]
+    for (rel, got), (_, _, expected) in zip(ours, theirs, strict=True):
+        assert as_nullable(got).equals(expected), rel
+    # A re-run writes the same bytes.
+    again = etl(shard_dir, tmp_path / "again", layout="dedup", **kwargs)
+    first = read_committed(tmp_path / "dedup", decode=False)
+    second = read_committed(tmp_path / "again", decode=False)
+    assert again.encoded_features == report.encoded_features
+    assert [p.read_bytes() for _, p, _ in first] == [p.read_bytes() for _, p, _ in second]
+
+
+def test_cli_layout_dedup_and_an_unknown_dedup_feature(
+    tmp_path: Path, shard_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from recd.cli import main
+
+    table = str(tmp_path / "table")
+    assert main(["etl", str(shard_dir), "--table", table, "--layout", "dedup"]) == 0
+    assert "dedup layout" in capsys.readouterr().out
+    code = main(
+        ["etl", str(shard_dir), "--table", table, "--layout", "dedup", "--dedup-features", "nope"]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "'nope' is not a sparse feature" in err[0]
+    code = main(["etl", str(shard_dir), "--table", table, "--dedup-features", "user_static"])
+    assert code == 2 and "only used with layout 'dedup'" in capsys.readouterr().err

@@ -1,0 +1,148 @@
+"""The dedup table layout's encoding (recd.layout): exact round trips, the documented example,
+corrupt files, plain readers not misled."""
+
+from __future__ import annotations
+
+import doctest
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from recd.errors import BadRowError, SchemaError
+from recd.layout import (
+    LAYOUT_METADATA_KEY,
+    choose_encoded,
+    decode_table,
+    dedup_schema,
+    encode_row_group,
+    layout_of,
+    read_plain,
+    read_row_group,
+    stored_fractions,
+)
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "layout.md"
+LIST = pa.list_(pa.int64())
+
+
+def test_the_worked_example_in_the_docs_runs() -> None:
+    text = DOC.read_text()
+    test = doctest.DocTestParser().get_doctest(text, {}, str(DOC), str(DOC), 0)
+    assert len(test.examples) >= 6, "the worked example lost its checks"
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    runner.run(test)
+    result = runner.summarize(verbose=False)
+    assert result.failed == 0 and result.attempted == len(test.examples)
+
+
+def random_sessions(rng: np.random.Generator, rows: int) -> pa.Table:
+    """Sessions mixing every case: repeats, sliding and growing histories, fresh values,
+    empty lists, A-B-A, shrinking lists, two ids appended at once, long jumps."""
+    session, history, static = [], [], []
+    s = 0
+    while len(session) < rows:
+        s += int(rng.integers(1, 5))
+        n = int(rng.integers(1, 12))
+        hist = list(rng.integers(0, 50, size=int(rng.integers(0, 4))))
+        value = list(rng.integers(0, 5, size=int(rng.integers(0, 3))))
+        previous = value
+        for _ in range(n):
+            event = rng.random()
+            if event < 0.3:
+                pass  # repeat
+            elif event < 0.6:
+                hist = (hist + list(rng.integers(0, 50, size=int(rng.integers(1, 3)))))[-6:]
+            elif event < 0.7:
+                hist = hist[1:]  # shrink
+            elif event < 0.8:
+                hist = list(rng.integers(0, 50, size=int(rng.integers(0, 7))))
+            elif event < 0.9:
+                hist = (hist + list(rng.integers(0, 50, size=9)))[-6:]  # a shift beyond MAX_SHIFT
+            if rng.random() < 0.2:
+                value, previous = previous, value  # A-B-A
+            elif rng.random() < 0.2:
+                previous, value = value, list(rng.integers(0, 5, size=int(rng.integers(0, 3))))
+            session.append(s)
+            history.append([int(x) for x in hist])
+            static.append([int(x) for x in value])
+    return pa.table(
+        {
+            "session_id": pa.array(session, pa.int64()),
+            "history": pa.array(history, LIST),
+            "static": pa.array(static, LIST),
+        }
+    )
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_every_row_group_round_trips_exactly(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    rows = random_sessions(rng, 400)
+    cuts = np.sort(rng.choice(np.arange(1, rows.num_rows), size=6, replace=False))
+    for lo, hi in zip([0, *cuts], [*cuts, rows.num_rows], strict=True):
+        group = rows.slice(lo, hi - lo)  # row groups cut sessions anywhere
+        stored = encode_row_group(group, ["history", "static"])
+        assert decode_table(stored, ["history", "static"]).equals(group)
+        # whatever the cut, the first row of the group is stored whole
+        for name in ("history", "static"):
+            assert stored.column(f"{name}__new_ids")[0].as_py() == group.column(name)[0].as_py()
+    fractions = stored_fractions(rows, ["history", "static"])
+    assert 0 < fractions["history"] < 0.8 and 0 < fractions["static"] < 1
+
+
+def test_a_fresh_list_on_every_row_is_not_chosen_by_default() -> None:
+    n = 200
+    rows = pa.table(
+        {
+            "session_id": pa.array(np.repeat(np.arange(20), 10), pa.int64()),
+            "item": pa.array([[i] for i in range(n)], LIST),
+            "user": pa.array([[s] for s in np.repeat(np.arange(20), 10)], LIST),
+        }
+    )
+    chosen, fractions = choose_encoded(rows, ["item", "user"], listed=False)
+    assert chosen == ["user"] and fractions["item"] == 1.0 and fractions["user"] == 0.1
+    assert choose_encoded(rows, ["item"], listed=True)[0] == ["item"]
+
+
+def write_dedup_file(path: Path, rows: pa.Table, features: list[str]) -> None:
+    schema = dedup_schema(rows.schema, features)
+    with pq.ParquetWriter(path, schema) as writer:
+        for lo in range(0, rows.num_rows, 64):
+            group = rows.slice(lo, 64)
+            writer.write_table(encode_row_group(group, features, schema=schema))
+
+
+def test_plain_readers_do_not_see_references_as_data(tmp_path: Path) -> None:
+    rows = random_sessions(np.random.default_rng(7), 300)
+    path = tmp_path / "part-00000.parquet"
+    write_dedup_file(path, rows, ["history"])
+    schema = pq.read_schema(path)
+    assert LAYOUT_METADATA_KEY in schema.metadata
+    assert layout_of(schema, source=str(path)).encoded == ("history",)
+    with pytest.raises((KeyError, pa.ArrowInvalid)):
+        pq.read_table(path, columns=["history"])  # no column holds references under f's name
+    assert read_plain(str(path)).equals(rows)
+    assert read_plain(str(path), ["history"]).equals(rows.select(["history"]))
+
+
+def test_a_corrupt_dropped_count_fails_naming_file_row_and_column(tmp_path: Path) -> None:
+    rows = random_sessions(np.random.default_rng(3), 64)
+    stored = encode_row_group(rows, ["history"])
+    dropped = stored.column("history__dropped").to_numpy().copy()
+    dropped[5] += 100  # drops more ids than the session holds
+    i = stored.schema.get_field_index("history__dropped")
+    bad = stored.set_column(i, "history__dropped", pa.array(dropped, pa.int32()))
+    with pytest.raises(BadRowError, match=r"f\.parquet: row 15: field 'history__dropped'"):
+        read_row_group(bad, ["history"], path="f.parquet", first_row=10)
+
+
+def test_a_newer_layout_version_is_refused_with_an_upgrade_hint() -> None:
+    schema = pa.schema(
+        [pa.field("x", pa.int64())],
+        metadata={LAYOUT_METADATA_KEY: b'{"layout": "dedup", "version": 99, "encoded": []}'},
+    )
+    with pytest.raises(SchemaError, match="upgrade recd"):
+        layout_of(schema, source="f.parquet")
