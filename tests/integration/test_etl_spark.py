@@ -224,9 +224,7 @@ def test_clustered_table_matches_the_local_engine(
 
 def plain_rows(table_dir: Path) -> pa.Table:
     """Every committed row of a table of either layout, decoded to the plain form."""
-    tables = [
-        read_plain(str(path)) for _, path, _ in read_committed(table_dir, decode=False)
-    ]
+    tables = [read_plain(str(path)) for _, path, _ in read_committed(table_dir, decode=False)]
     return as_nullable(pa.concat_tables(tables)).sort_by(REQUEST_ID)
 
 
