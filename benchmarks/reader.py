@@ -98,6 +98,10 @@ LARGE_CONFIGS = ("unclustered_kjt_large", "clustered_kjt_large", "clustered_ikjt
 """The same jobs at the RecD batch size (``--recd-batch-size``)."""
 NOPRE_CONFIGS = ("unclustered_kjt_nopre", "clustered_kjt_nopre", "clustered_ikjt_nopre")
 """The same jobs at the batch size, without preprocessing."""
+DEDUP_CONFIGS = ("dedup_ikjt", "dedup_ikjt_nopre")
+"""The jobs of clustered_ikjt and clustered_ikjt_nopre read from the dedup layout (``recd etl
+--layout dedup``; IKJTs of encoded groups without hashing), with the groups ``recd analyze``
+proposes on that table for each job."""
 FACTOR_ONLY = "clustered_ikjt_factor_only"
 """clustered+IKJT at the batch size with the groups of the paper's rule (factor above the
 threshold, no timing): what the proposal was before it became cost-aware."""
@@ -109,6 +113,10 @@ HEADLINES = {
     "reader_speedup_no_preprocessing": ("clustered_ikjt_nopre", "unclustered_kjt_nopre"),
     "reader_speedup_paper_protocol": (RECD_FULL, BASELINE),
     "reader_speedup_factor_only_proposal": (FACTOR_ONLY, BASELINE),
+    "reader_speedup_dedup_layout": ("dedup_ikjt", BASELINE),
+    "reader_speedup_dedup_layout_no_preprocessing": ("dedup_ikjt_nopre", "unclustered_kjt_nopre"),
+    "dedup_layout_vs_clustered": ("dedup_ikjt", RECD),
+    "dedup_layout_vs_clustered_no_preprocessing": ("dedup_ikjt_nopre", "clustered_ikjt_nopre"),
 }
 """Headline ratios: (numerator config, denominator config), samples per CPU-second."""
 REFERENCE_CONFIGS = ("torchrec_unclustered", "torchrec_clustered")
@@ -135,6 +143,7 @@ def prepare_tables(
         rows=rows,
         num_shards=num_shards,
         row_group_rows=row_group_rows,
+        dedup=True,
     )
 
 
@@ -334,9 +343,9 @@ def check_same_output(readers: dict[str, Reader], batches: int) -> int:
     compared = 0
     for names in (
         ["unclustered_kjt", "unclustered_ikjt", "torchrec_unclustered"],
-        ["clustered_kjt", "clustered_ikjt", "torchrec_clustered", FACTOR_ONLY],
+        ["clustered_kjt", "clustered_ikjt", "torchrec_clustered", FACTOR_ONLY, "dedup_ikjt"],
         ["clustered_kjt_large", RECD_FULL],
-        ["clustered_kjt_nopre", "clustered_ikjt_nopre"],
+        ["clustered_kjt_nopre", "clustered_ikjt_nopre", "dedup_ikjt_nopre"],
     ):
         streams = [readers[name].iter_timed() for name in names]
         for i in range(batches):
@@ -538,6 +547,30 @@ def markdown(r: dict[str, Any]) -> str:
             f"clustered+IKJT with the paper's rule's groups (factor only, no timing) / "
             f"unclustered+KJT, batch {b}, with preprocessing",
         ),
+        row(
+            "reader_speedup_dedup_layout",
+            f"the dedup layout, groups recd analyze proposes on it (no hashing) / "
+            f"unclustered+KJT, batch {b}, with preprocessing",
+            bold=True,
+        ),
+        row(
+            "reader_speedup_dedup_layout_no_preprocessing",
+            "the same without preprocessing",
+        ),
+        row("dedup_layout_vs_clustered", "dedup layout / clustered plain layout, +IKJT, same job"),
+        row(
+            "dedup_layout_vs_clustered_no_preprocessing",
+            "the same without preprocessing",
+        ),
+        f"| table bytes, unclustered / clustered / dedup layout "
+        f"| {r['table_bytes']['unclustered'] / 1e6:,.1f} / "
+        f"{r['table_bytes']['clustered'] / 1e6:,.1f} / "
+        + (
+            f"{r['table_bytes']['dedup_layout'] / 1e6:,.1f} MB (baseline / dedup "
+            f"{r['table_bytes']['unclustered'] / r['table_bytes']['dedup_layout']:.2f}x) |"
+            if r["table_bytes"].get("dedup_layout")
+            else "n/a |"
+        ),
         row("reader_speedup_wall", "headline pair, wall-clock samples/s"),
         row("clustering", "clustered+KJT / unclustered+KJT"),
         row("ikjt_on_clustered", "clustered+IKJT / clustered+KJT, same table"),
@@ -546,7 +579,8 @@ def markdown(r: dict[str, Any]) -> str:
         f"| wire_bytes_ratio at batch {big} | {r['wire_bytes_ratio_large']:.2f}x |",
         f"| bytes read per sample, unclustered / clustered "
         f"| {r['bytes_read_per_sample']['unclustered']:,.0f} / "
-        f"{r['bytes_read_per_sample']['clustered']:,.0f} B |",
+        f"{r['bytes_read_per_sample']['clustered']:,.0f} B "
+        f"(dedup layout {r['bytes_read_per_sample'].get('dedup_layout', 0):,.0f} B) |",
         f"| vs plain torchrec dataloader, same table (unclustered+KJT / clustered+IKJT) "
         f"| {vs['unclustered_kjt_vs_torchrec_unclustered']:.2f}x / "
         f"{vs['clustered_ikjt_vs_torchrec_clustered']:.2f}x |",
@@ -556,6 +590,8 @@ def markdown(r: dict[str, Any]) -> str:
         (f"batch {big}, with preprocessing", "large"),
         (f"batch {b}, no preprocessing", "no_preprocessing"),
         (f"batch {b}, the paper's rule, factor only", "factor_only"),
+        (f"dedup layout, batch {b}, with preprocessing", "dedup_with_preprocessing"),
+        (f"dedup layout, batch {b}, no preprocessing", "dedup_no_preprocessing"),
     ):
         a = r["analysis"][key]
         groups = "; ".join(_group_label(g) for g in a["dedup_sparse_features"]) or "none"
@@ -614,6 +650,7 @@ ALL_CONFIGS = (
     *LARGE_CONFIGS,
     *NOPRE_CONFIGS,
     FACTOR_ONLY,
+    *DEDUP_CONFIGS,
     *REFERENCE_CONFIGS,
 )
 
@@ -621,6 +658,7 @@ ALL_CONFIGS = (
 def build_readers(
     clustered: Path,
     unclustered: Path,
+    dedup: Path,
     *,
     profile: str,
     batch_size: int,
@@ -659,6 +697,8 @@ def build_readers(
         "clustered_kjt_nopre": recd(clustered, [], pre=False),
         "clustered_ikjt_nopre": recd(clustered, g_nopre, pre=False),
         FACTOR_ONLY: recd(clustered, groups["factor_only"]),
+        "dedup_ikjt": recd(dedup, groups["dedup_with_preprocessing"]),
+        "dedup_ikjt_nopre": recd(dedup, groups["dedup_no_preprocessing"], pre=False),
     }
     for name, like in zip(REFERENCE_CONFIGS, ("unclustered_kjt", "clustered_kjt"), strict=True):
         base = readers[like]
@@ -696,6 +736,7 @@ def measure(
 
 def analyses_per_job(
     clustered: Path,
+    dedup: Path,
     *,
     profile: str,
     batch_size: int,
@@ -703,7 +744,8 @@ def analyses_per_job(
     end: str | None,
 ) -> dict[str, TableAnalysis]:
     """``recd analyze``'s cost-aware proposal for each job of the benchmark: the reader timed
-    on the clustered table's own batches with that job's batch size and preprocessing."""
+    on the clustered table's own batches with that job's batch size and preprocessing; the
+    dedup layout's jobs on that table's (no hashing there, so other groups may pay)."""
     preprocessing = job_preprocessing(load_catalogue(profile))
     jobs = {
         "with_preprocessing": (batch_size, preprocessing),
@@ -717,6 +759,11 @@ def analyses_per_job(
             clustered, batch_size=size, end=end, cost_aware=True, preprocessing=specs
         )
     out["factor_only"] = analyze_table(clustered, batch_size=batch_size, end=end)
+    for job, specs in (("dedup_with_preprocessing", preprocessing), ("dedup_no_preprocessing", [])):
+        print(f"analyzing {dedup} at batch size {batch_size} ({job}) ...", flush=True)
+        out[job] = analyze_table(
+            dedup, batch_size=batch_size, end=end, cost_aware=True, preprocessing=specs
+        )
     return out
 
 
@@ -742,6 +789,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     end = str(window["end"]) if window["end"] is not None else None
     analyses = analyses_per_job(
         clustered,
+        work / "table_dedup",
         profile=args.profile,
         batch_size=args.batch_size,
         recd_batch_size=args.recd_batch_size,
@@ -751,6 +799,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     readers = build_readers(
         clustered,
         unclustered,
+        work / "table_dedup",
         profile=args.profile,
         batch_size=args.batch_size,
         recd_batch_size=args.recd_batch_size,
@@ -854,6 +903,13 @@ def headline(
         "bytes_read_per_sample": {
             "clustered": configs["clustered_kjt"]["read_bytes_per_sample"],
             "unclustered": configs[BASELINE]["read_bytes_per_sample"],
+            "dedup_layout": configs["dedup_ikjt"]["read_bytes_per_sample"],
+        },
+        "table_bytes": {
+            "unclustered": data["table_bytes_unclustered"],
+            "clustered": data["table_bytes_clustered"],
+            "dedup_layout": data.get("table_bytes_dedup"),
+            "dedup_encoded_features": data.get("dedup_encoded_features"),
         },
         "samples_per_cpu_s": {name: c["samples_per_cpu_s"] for name, c in configs.items()},
         "samples_per_s": {name: c["samples_per_s"] for name, c in configs.items()},

@@ -35,7 +35,7 @@ from recd.jagged import (
     stack_columns,
     take_rows,
 )
-from recd.layout import EncodedChunk, encoded_chunks, group_rows, take_chunk_rows
+from recd.layout_read import Stacked, changed_rows, gather, read_stacked
 from recd.schema import Catalogue
 
 __all__ = [
@@ -47,8 +47,8 @@ __all__ = [
     "convert_sparse",
     "find_distinct_rows",
     "gather_rows",
-    "ikjt_from_encoded",
     "ikjt_from_stacked",
+    "ikjt_from_stacked_layout",
     "read_list_column",
     "read_stacked_columns",
     "take_rows",
@@ -165,47 +165,50 @@ def ikjt_from_stacked(
 def convert_sparse(
     batch: RecordBatchLike, spec: FeatureSpec, *, source: str, row_offset: int = 0
 ) -> SparseFeatures:
-    """Sparse columns -> a plain KJT (features in no group) + one IKJT per dedup group."""
+    """Sparse columns -> a plain KJT (features in no group) + one IKJT per dedup group.
+
+    Features a batch holds stacked (the dedup layout, ``recd.layout_read``) are gathered
+    without hashing: all of the plain KJT's at once, and a group's distinct rows from their
+    stored positions when every key of the group is stacked.
+    """
     b = batch.num_rows
     plain = spec.plain_sparse
+    stacked = read_stacked(batch)
+    encoded = set(stacked.features) if stacked is not None else set()
 
-    def stacked(names: list[str]) -> JaggedColumn:
+    def read(names: list[str]) -> JaggedColumn:
         return read_stacked_columns(batch, names, source=source, row_offset=row_offset)
 
     ikjts = []
     for group in spec.dedup_sparse_features:
-        per_key = [encoded_chunks(batch, name, source=source) for name in group]
-        if all(chunks is not None for chunks in per_key):
-            ikjts.append(ikjt_from_encoded(per_key, group, batch_size=b))  # type: ignore[arg-type]
+        if stacked is not None and encoded.issuperset(group):
+            ikjts.append(ikjt_from_stacked_layout(stacked, group))
         else:
-            ikjts.append(ikjt_from_stacked(stacked(group), group, batch_size=b))
+            ikjts.append(ikjt_from_stacked(read(group), group, batch_size=b))
     return SparseFeatures(
         batch_size=b,
-        kjt=_plain_kjt(stacked(plain), plain, b) if plain else None,
+        kjt=_plain_kjt(read(plain), plain, b) if plain else None,
         ikjts=ikjts,
     )
 
 
-def ikjt_from_encoded(
-    per_key: Sequence[Sequence[EncodedChunk]], keys: list[str], *, batch_size: int
-) -> InverseKeyedJaggedTensor:
-    """The IKJT of a group stored in the dedup layout, without hashing: a row is distinct iff
-    it appends or drops ids in some key (or starts a chunk), and the distinct rows' lists are
-    slices of their row groups' sequences (``recd.layout``).
+def ikjt_from_stacked_layout(stacked: Stacked, keys: list[str]) -> InverseKeyedJaggedTensor:
+    """The IKJT of a group held stacked (the dedup layout), without hashing: a row is distinct
+    iff some key's stored position or length differs from the row before (or it starts a
+    chunk), and the distinct rows' lists are gathered once, key-major.
 
     Repeats that are not adjacent (A-B-A) or that span sessions stay separate entries, so an
     IKJT may hold more distinct rows than the hashing path's; it expands to the same KJT.
     """
-    new = group_rows(per_key, batch_size)
+    index = stacked.index(keys)
+    new = changed_rows(stacked, index)
     distinct = np.flatnonzero(new)
     inverse = np.cumsum(new, dtype=np.int64) - 1
-    parts = [take_chunk_rows(chunks, distinct) for chunks in per_key]
-    lengths = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
-    values = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
+    lengths, values = gather(stacked, index, distinct)
     return InverseKeyedJaggedTensor(
         keys=list(keys),
-        values=torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)),
-        lengths=torch.from_numpy(lengths.astype(np.int64, copy=False)),
+        values=torch.from_numpy(values),
+        lengths=torch.from_numpy(lengths),
         inverse_lookup=torch.from_numpy(inverse),
     )
 

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recd.errors import SchemaError
-from recd.layout import encoded_chunks, expand_chunks
+from recd.layout_read import gather, read_stacked
 
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -158,17 +158,19 @@ def read_stacked_columns(
     checked once on the concatenated array: a single C++ call instead of a dozen numpy
     operations per column. Anything else (another type, a null, an overflow) takes the
     per-column path, which converts what can be converted and raises what
-    ``read_list_column`` raises, naming the column and row. Features held in the dedup
-    layout's in-memory form (``recd.layout``) are expanded to their plain rows.
+    ``read_list_column`` raises, naming the column and row. Features a batch holds stacked
+    (the dedup layout, ``recd.layout_read``) are gathered to their plain rows.
     """
-    encoded = [encoded_chunks(batch, name, source=source) for name in names]
-    if any(chunks is not None for chunks in encoded):
+    stacked = read_stacked(batch)
+    if stacked is not None and any(name in stacked.features for name in names):
+        if all(name in stacked.features for name in names):
+            return _jagged(*gather(stacked, stacked.index(names)))
         return stack_columns(
             [
-                read_list_column(batch, name, source=source, row_offset=row_offset)
-                if chunks is None
-                else _jagged(*expand_chunks(chunks))
-                for name, chunks in zip(names, encoded, strict=True)
+                _jagged(*gather(stacked, stacked.index([name])))
+                if name in stacked.features
+                else read_list_column(batch, name, source=source, row_offset=row_offset)
+                for name in names
             ]
         )
     arrays = [_chunks(batch, name, source=source, expected="list<int64>") for name in names]

@@ -392,6 +392,9 @@ class BuiltTables:
     """recd.etl.config.EtlReport of ``work/table`` (from the session shards)"""
     baseline: Any
     """recd.etl.config.EtlReport of ``work/table_baseline`` (arrival order, random shards)"""
+    dedup: Any = None
+    """recd.etl.config.EtlReport of ``work/table_dedup`` (the clustered rows in the dedup
+    layout), when asked for"""
 
 
 def build_tables(
@@ -405,11 +408,13 @@ def build_tables(
     row_group_rows: int = 8192,
     keep_intermediate: bool = True,
     show_progress: bool = False,
+    dedup: bool = False,
 ) -> BuiltTables:
     """Generate ``profile``'s logs, shard them both ways and ETL both tables into ``work``.
 
     ``work/table`` is clustered by session (from the session shards); ``work/table_baseline``
-    keeps arrival order (from the random shards), the unclustered production table.
+    keeps arrival order (from the random shards), the unclustered production table; with
+    ``dedup``, ``work/table_dedup`` holds the clustered rows in the dedup layout.
     ``keep_intermediate=False`` deletes ``raw/`` and ``shards/`` afterwards.
     """
     import shutil
@@ -444,10 +449,22 @@ def build_tables(
             **common,
         )
     )
+    dedup_report = None
+    if dedup:
+        dedup_report = run_etl(
+            EtlConfig(
+                shard_dir=work / "shards" / "session",
+                table_dir=work / "table_dedup",
+                layout="dedup",
+                **common,
+            )
+        )
     if not keep_intermediate:
         shutil.rmtree(work / "raw")
         shutil.rmtree(work / "shards")
-    return BuiltTables(generate=gen, shards=shards, clustered=clustered, baseline=baseline)
+    return BuiltTables(
+        generate=gen, shards=shards, clustered=clustered, baseline=baseline, dedup=dedup_report
+    )
 
 
 def table_code_fingerprint() -> str:
@@ -456,11 +473,12 @@ def table_code_fingerprint() -> str:
     import hashlib
 
     import recd.etl.local
+    import recd.layout
     import recd.logs.generate
     import recd.logs.shard
 
     h = hashlib.sha256()
-    for module in (recd.logs.generate, recd.logs.shard, recd.etl.local):
+    for module in (recd.logs.generate, recd.logs.shard, recd.etl.local, recd.layout):
         h.update(Path(str(module.__file__)).read_bytes())
     return h.hexdigest()[:16]
 
@@ -475,6 +493,7 @@ def reuse_or_build_tables(
     num_shards: int,
     row_group_rows: int,
     derived: tuple[str, ...] = (),
+    dedup: bool = False,
 ) -> dict[str, Any]:
     """:func:`build_tables` into ``work`` (without the intermediates), unless ``work/stamp``
     says the same tables (profile, catalogue, code, rows, seed, shards, row groups) are there.
@@ -497,6 +516,7 @@ def reuse_or_build_tables(
         "seed": seed,
         "num_shards": num_shards,
         "row_group_rows": row_group_rows,
+        "dedup_layout": dedup,
     }
     stamp_path = work / stamp
     if stamp_path.is_file():
@@ -504,7 +524,7 @@ def reuse_or_build_tables(
         if {k: data.get(k) for k in wanted} == wanted:
             print(f"reusing the tables in {work}", flush=True)
             return data
-    for name in ("raw", "shards", "table", "table_baseline", *derived, stamp):
+    for name in ("raw", "shards", "table", "table_baseline", "table_dedup", *derived, stamp):
         path = work / name
         if path.is_dir():
             shutil.rmtree(path)
@@ -519,6 +539,7 @@ def reuse_or_build_tables(
         num_shards=num_shards,
         row_group_rows=row_group_rows,
         keep_intermediate=False,
+        dedup=dedup,
     )
     gen, clustered, baseline = built.generate, built.clustered, built.baseline
     data = {
@@ -531,5 +552,9 @@ def reuse_or_build_tables(
         "files_clustered": clustered.files,
         "files_unclustered": baseline.files,
     }
+    if built.dedup is not None:
+        data["table_bytes_dedup"] = built.dedup.bytes_out
+        data["files_dedup"] = built.dedup.files
+        data["dedup_encoded_features"] = built.dedup.encoded_features
     stamp_path.write_text(json.dumps(data, indent=1) + "\n")
     return data

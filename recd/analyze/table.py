@@ -34,7 +34,9 @@ job's sparse preprocessing are timed on a sample of the table's own batches, eve
 deduplicated and each one left out in turn, and a group stays only if leaving it out costs
 more than ``costs.PAY_MARGIN`` of the plain job (:func:`recd.analyze.costs.choose_groups`);
 a single feature of at most one id per row is never proposed (a hash-table probe per row
-costs more than the one id it saves). Otherwise the factor alone decides, as in the paper.
+costs more than the one id it saves), unless the table stores it in the dedup layout
+(``recd.layout``: no hashing, its timing decides). Otherwise the factor alone decides, as in
+the paper.
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ from recd.jagged import (
     read_list_column,
     read_stacked_columns,
 )
-from recd.layout import layout_of, read_plain
+from recd.layout import layout_of
+from recd.layout_read import read_plain
 from recd.progress import progress
 from recd.reader.stream import iter_worker_batches
 from recd.schema import CATALOGUE_METADATA_KEY, SESSION_ID, TS, Catalogue, catalogue_from_schema
@@ -393,6 +396,7 @@ def analyze_table(
         return sample[0](groups)
 
     sample: list[ConfigTimer] = []
+    plan = sparse_plan(root, features, batch_size=batch_size, start=start, end=end)
     return _summarise(
         root,
         catalogue,
@@ -404,6 +408,7 @@ def analyze_table(
         sync_threshold=sync_threshold,
         timer=timer or (time_on_sample if cost_aware else None),
         preprocessing=preprocessing or [],
+        stacked=frozenset(plan.encoded),
     )
 
 
@@ -493,6 +498,7 @@ def _summarise(
     sync_threshold: float,
     timer: ConfigTimer | None,
     preprocessing: list[dict[str, Any]],
+    stacked: frozenset[str] = frozenset(),
 ) -> TableAnalysis:
     s = totals.rows / totals.sessions
     cat_group = {f.name: f.group for f in catalogue.sparse} if catalogue is not None else {}
@@ -535,7 +541,7 @@ def _summarise(
     counts = {tuple(g): c for g, c in zip(multi, counter(multi), strict=True)} if multi else {}
     counts.update({(f,): singles[f] for g, _ in groups if len(g) == 1 for f in g})
     mean_length = {r.name: r.mean_length for r in rows}
-    proposals, rejected, reader_ms = _decide(groups, counts, mean_length, timer)
+    proposals, rejected, reader_ms = _decide(groups, counts, mean_length, timer, stacked)
     basis = "none"
     if timer is not None:
         kinds = sorted({spec["kind"] for spec in preprocessing}) or ["no preprocessing"]
@@ -567,8 +573,12 @@ def _decide(
     counts: dict[tuple[str, ...], DedupCounts],
     mean_length: dict[str, float],
     timer: ConfigTimer | None,
+    stacked: frozenset[str] = frozenset(),
 ) -> tuple[list[GroupProposal], list[RejectedGroup], dict[str, float]]:
-    """Proposed and rejected groups (with reasons) and the job's measured reader times."""
+    """Proposed and rejected groups (with reasons) and the job's measured reader times.
+
+    ``stacked``: features the table stores in the dedup layout, whose IKJTs are built
+    without hashing: the one-id rule does not apply to them (their timing decides)."""
     found = {
         tuple(g): GroupProposal(features=g, source=src, measured_factor=counts[tuple(g)].factor)
         for g, src in groups
@@ -578,7 +588,7 @@ def _decide(
     rejected: list[RejectedGroup] = []
     candidates = []
     for g, _ in groups:
-        if len(g) == 1 and mean_length[g[0]] <= 1.0:
+        if len(g) == 1 and mean_length[g[0]] <= 1.0 and g[0] not in stacked:
             reason = (
                 "a single feature of at most one id per row: a hash probe per row costs more "
                 "than the id it saves"

@@ -34,7 +34,8 @@ import pyarrow.parquet as pq
 
 from recd.errors import ConfigError, SchemaError
 from recd.etl.commit import committed_partition_dirs
-from recd.layout import Layout, layout_of, len_column, new_ids_column
+from recd.layout import Layout, layout_of, new_ids_column
+from recd.layout_read import stacked_columns
 from recd.reader.config import SPARSE_PREPROCESS_KINDS, ReaderConfig, Shuffle
 from recd.schema import (
     CATALOGUE_METADATA_KEY,
@@ -94,23 +95,16 @@ class ReadPlan:
     units: list[WorkUnit]
     """All units, in table order."""
     encoded: list[str] = dataclasses.field(default_factory=list)
-    """Sparse features some file stores in the dedup layout: batches carry them in the
-    encoded form (``f__new_ids`` + ``f__len``, see ``recd.layout``) from every unit, plain
-    units included, and conversion builds their IKJTs without hashing."""
+    """Sparse features some file stores in the dedup layout: batches carry them stacked
+    (``recd.layout_read``) from every unit, plain units included, and conversion builds
+    their IKJTs without hashing."""
 
     @property
     def batch_columns(self) -> list[str]:
-        """The columns of a batch's rows (``columns`` less ``session_id``, each encoded
-        feature as its two in-memory columns)."""
-        out: list[str] = []
-        for name in self.columns:
-            if name == SESSION_ID:
-                continue
-            if name in self.encoded:
-                out.extend([new_ids_column(name), len_column(name)])
-            else:
-                out.append(name)
-        return out
+        """The columns of a batch's rows: ``columns`` less ``session_id`` and the encoded
+        features, then the stacked columns holding those."""
+        out = [c for c in self.columns if c != SESSION_ID and c not in self.encoded]
+        return out + stacked_columns(self.encoded) if self.encoded else out
 
     @property
     def num_rows(self) -> int:

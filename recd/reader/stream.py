@@ -18,14 +18,8 @@ import pyarrow.parquet as pq
 
 from recd.errors import BadRowError, SchemaError
 from recd.jagged import SPARSE_TYPE
-from recd.layout import (
-    Layout,
-    as_encoded,
-    dropped_column,
-    len_column,
-    new_ids_column,
-    read_row_group,
-)
+from recd.layout import Layout, dropped_column, new_ids_column
+from recd.layout_read import stack_unit, take_rows
 from recd.reader.config import Shuffle
 from recd.reader.plan import ReadPlan, WorkUnit, locate, session_order
 from recd.schema import SESSION_ID, strict_type
@@ -60,19 +54,18 @@ class UnitReader:
         the plan's encoded features in their in-memory dedup form (``recd.layout``)."""
         table = self._read_raw(unit)
         table = normalise_table(table, unit, self.plan)
-        if unit.encoded:
-            table = read_row_group(table, unit.encoded, path=unit.path, first_row=unit.first_row)
-        for name in self.plan.encoded:
-            if name not in unit.encoded:  # a plain file beside dedup ones: every row is new
-                i = table.schema.get_field_index(name)
-                ids, lengths = as_encoded(table.column(i))
-                table = table.remove_column(i)
-                table = table.append_column(new_ids_column(name), ids)
-                table = table.append_column(len_column(name), lengths)
+        if self.plan.encoded:  # plain units too: a mixed table's batches have one form
+            table = stack_unit(
+                table,
+                self.plan.encoded,
+                unit.encoded,
+                path=unit.path,
+                first_row=unit.first_row,
+            )
         if self.plan.config.shuffle == Shuffle.SESSION:
             ids = table.column(SESSION_ID).to_numpy()
             order = session_order(ids, seed=self.plan.config.seed, epoch=epoch, unit=unit.index)
-            table = table.take(pa.array(order))
+            table = take_rows(table, pa.array(order))
         return table.select(self.plan.batch_columns)
 
     def _read_raw(self, unit: WorkUnit) -> pa.Table:
@@ -106,7 +99,7 @@ def normalise_table(table: pa.Table, unit: WorkUnit, plan: ReadPlan) -> pa.Table
     # that row groups of older tables and newer ones concatenate.
     changed = not all(f.nullable for f in table.schema)
     for name, col in zip(table.column_names, table.columns, strict=True):
-        if name in stored:  # the dedup layout's columns: checked by recd.layout.read_row_group
+        if name in stored:  # the dedup layout's columns: checked by layout_read.stack_unit
             out = col
         elif name in sparse:
             if col.type.equals(_STRICT_SPARSE_TYPE):

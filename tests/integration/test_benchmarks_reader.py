@@ -51,7 +51,12 @@ def test_quick_run_writes_sane_results_and_reuses_its_tables(tmp_path: Path) -> 
     assert r["recd_batch_size"] == 3 * 128
     # Each job's groups come from recd analyze's cost model for that job.
     jobs = {"with_preprocessing", "large", "no_preprocessing"}
-    assert set(r["analysis"]) == {*jobs, "factor_only"}
+    assert set(r["analysis"]) == {
+        *jobs,
+        "factor_only",
+        "dedup_with_preprocessing",
+        "dedup_no_preprocessing",
+    }
     for name in jobs:
         job = r["analysis"][name]
         assert job["cost_model"].startswith("the reader timed on this machine")
@@ -67,6 +72,11 @@ def test_quick_run_writes_sane_results_and_reuses_its_tables(tmp_path: Path) -> 
     )
     assert r["wire"]["clustered_kjt"]["batches"] >= 1
     assert all(r["bytes_read_per_sample"][t] > 0 for t in ("clustered", "unclustered"))
+    # The dedup layout: its own table of the same rows, read by the same jobs.
+    tables = r["table_bytes"]
+    assert tables["dedup_layout"] > 0 and tables["dedup_encoded_features"]
+    assert r["bytes_read_per_sample"]["dedup_layout"] > 0
+    assert HEADLINES["reader_speedup_dedup_layout"] == ("dedup_ikjt", "unclustered_kjt")
     assert set(r["speedup_vs_torchrec"]) == {
         "unclustered_kjt_vs_torchrec_unclustered",
         "clustered_ikjt_vs_torchrec_clustered",
@@ -74,6 +84,7 @@ def test_quick_run_writes_sane_results_and_reuses_its_tables(tmp_path: Path) -> 
     }
     md = (out / "reader_quick.md").read_text()
     assert "reader_speedup_no_preprocessing" in md and not md.startswith("# ")
+    assert "reader_speedup_dedup_layout" in md and "dedup layout" in md
     assert (out / "reader_quick.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # Same request, same work dir: the tables are reused, not regenerated.

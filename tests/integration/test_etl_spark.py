@@ -48,7 +48,8 @@ from recd.etl.spark import (  # noqa: E402
     spark_schema,
 )
 from recd.etl.validate import iter_frames  # noqa: E402
-from recd.layout import layout_of, read_plain  # noqa: E402
+from recd.layout import layout_of  # noqa: E402
+from recd.layout_read import read_plain  # noqa: E402
 from recd.logs.generate import generate_logs  # noqa: E402
 from recd.logs.rawlog import encode_block, iter_shard, shard_path, write_frame  # noqa: E402
 from recd.logs.shard import shard_logs  # noqa: E402

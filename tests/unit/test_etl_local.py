@@ -19,7 +19,7 @@ from recd.etl.commit import SUCCESS_FILE, list_committed_files
 from recd.etl.config import EtlConfig, EtlReport
 from recd.etl.local import run_etl
 from recd.etl.partitions import Partition
-from recd.layout import read_plain
+from recd.layout_read import read_plain
 from recd.logs.rawlog import read_catalogue
 from recd.schema import (
     REQUEST_ID,

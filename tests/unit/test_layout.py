@@ -15,14 +15,12 @@ from recd.errors import BadRowError, SchemaError
 from recd.layout import (
     LAYOUT_METADATA_KEY,
     choose_encoded,
-    decode_table,
     dedup_schema,
     encode_row_group,
     layout_of,
-    read_plain,
-    read_row_group,
     stored_fractions,
 )
+from recd.layout_read import decode_table, read_plain, stack_unit
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "layout.md"
 LIST = pa.list_(pa.int64())
@@ -136,7 +134,7 @@ def test_a_corrupt_dropped_count_fails_naming_file_row_and_column(tmp_path: Path
     i = stored.schema.get_field_index("history__dropped")
     bad = stored.set_column(i, "history__dropped", pa.array(dropped, pa.int32()))
     with pytest.raises(BadRowError, match=r"f\.parquet: row 15: field 'history__dropped'"):
-        read_row_group(bad, ["history"], path="f.parquet", first_row=10)
+        stack_unit(bad, ["history"], ["history"], path="f.parquet", first_row=10)
 
 
 def test_a_newer_layout_version_is_refused_with_an_upgrade_hint() -> None:

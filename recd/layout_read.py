@@ -1,0 +1,347 @@
+"""Reading the dedup layout (``recd.layout``): the readers' in-memory form and the gathers that
+turn it into plain lists, KJTs and IKJTs without hashing.
+
+When a unit (one row group) is read, every encoded feature's rows are turned into positions
+in one id buffer per unit (:func:`stack_unit`)::
+
+    __recd_ids           list<int64>  every row empty; the child array is the unit's buffer:
+                                      each feature's stored ids, feature after feature
+    __recd_start__<f>    int32        where row i's list of feature f starts in the buffer
+    __recd_len__<f>      int32        and how long it is
+
+(the features, in order, are listed by the ``recd.encoded`` metadata of ``__recd_ids``).
+Row i's list of f is ``buffer[start_i : start_i + len_i]``: a repeat points at the same ids
+as its predecessor, a sliding history at the sequence one id further. Positions are
+absolute, so rows can be permuted (the session shuffle) and sliced (batches) freely; an
+Arrow slice of ``__recd_ids`` keeps the whole buffer as its child. A batch spanning several
+units holds one chunk per unit; they are never combined (that would cut the buffers).
+
+Per batch, building the KJT of the encoded features is one gather over all of them, and an
+IKJT of a group is: a row is distinct iff some key's (start, length) differs from the row
+before (or it starts a chunk); ``inverse_lookup`` is the running count of distinct rows;
+their lists are gathered once, key-major. The per-feature work is zero-copy views: the
+numpy passes run over all features at once (measured on rm1-like: per-feature numpy work
+cost more than the Parquet decoding it saved).
+
+Plain-layout units of a table with dedup ones take the same form (each row's list is its own
+ids), so mixed tables read as one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from recd.errors import BadRowError, SchemaError
+from recd.layout import (
+    DROPPED_SUFFIX,
+    NEW_IDS_SUFFIX,
+    Layout,
+    dropped_column,
+    layout_of,
+    new_ids_column,
+)
+
+IDS = "__recd_ids"
+FEATURES_KEY = b"recd.encoded"
+
+
+def start_column(feature: str) -> str:
+    return f"__recd_start__{feature}"
+
+
+def length_column(feature: str) -> str:
+    return f"__recd_len__{feature}"
+
+
+def stacked_columns(features: Sequence[str]) -> list[str]:
+    """The in-memory columns holding ``features`` stacked, in order."""
+    return [IDS, *(c for f in features for c in (start_column(f), length_column(f)))]
+
+
+# ------------------------------------------------------------------------- one unit
+def stack_unit(
+    table: pa.Table,
+    features: Sequence[str],
+    stored: Sequence[str],
+    *,
+    path: str,
+    first_row: int = 0,
+) -> pa.Table:
+    """A unit's rows as read (``stored``: the features its file keeps as ``__new_ids`` +
+    ``__dropped``; the rest of ``features`` are plain ``list<int64>`` columns) with every one
+    of ``features`` replaced by the stacked in-memory form (module docstring).
+
+    Must run before rows are reordered (``__dropped`` counts from the previous row of the
+    file). BadRowError names the file, row (``first_row`` + index) and column of a row whose
+    list would reach outside its row group (a corrupt file).
+    """
+    n, k = table.num_rows, len(features)
+    # int32 (K, n) matrices: Arrow's list offsets are int32, and every pass below runs over all
+    # features at once (per-feature numpy work cost more than the decoding it saved)
+    offsets = np.empty((k, n + 1), dtype=np.int32)
+    dropped = np.zeros((k, n), dtype=np.int32)
+    parts: list[np.ndarray] = []
+    drop: list[str] = []
+    for j, feature in enumerate(features):
+        name = new_ids_column(feature) if feature in stored else feature
+        array = _one_chunk(table.column(name))
+        offsets[j] = array.offsets.to_numpy()
+        lo, hi = int(offsets[j, 0]), int(offsets[j, -1])
+        parts.append(array.values.slice(lo, hi - lo).to_numpy(zero_copy_only=False))
+        drop.append(name)
+        if feature in stored:
+            dropped[j] = table.column(dropped_column(feature)).to_numpy()
+            drop.append(dropped_column(feature))
+    bases = np.zeros(k, dtype=np.int64)
+    np.cumsum([part.size for part in parts[:-1]], out=bases[1:])
+    buffer = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    if buffer.size > np.iinfo(np.int32).max:
+        raise SchemaError(f"{path}: a row group holds more than 2**31 ids of stacked features")
+    buffer = buffer.astype(np.int64, copy=False)
+    offsets -= offsets[:, :1] - bases[:, None].astype(np.int32)  # positions in the buffer
+    lengths = np.diff(offsets, axis=1)  # ids each row appends
+    for j, feature in enumerate(features):
+        if feature not in stored:  # a plain row drops its predecessor's whole list
+            dropped[j, 1:] = lengths[j, :-1]
+    if n and dropped.min() < 0:
+        j, row = (int(x[0]) for x in np.nonzero(dropped < 0))
+        _corrupt(path, first_row + row, features[j])
+    lengths -= dropped
+    np.cumsum(lengths, axis=1, out=lengths)
+    starts = offsets[:, 1:] - lengths
+    # every row's list lies in its own feature's part of the buffer
+    if n and ((lengths.min(axis=1) < 0) | (starts.min(axis=1) < bases)).any():
+        bad = (lengths < 0) | (starts < bases[:, None])
+        j, row = (int(x[0]) for x in np.nonzero(bad))
+        _corrupt(path, first_row + row, features[j])
+    dropped_names = set(drop)
+    columns = [c for c in table.column_names if c not in dropped_names]
+    arrays: list[pa.Array | pa.ChunkedArray] = [table.column(c) for c in columns]
+    fields = [table.schema.field(c) for c in columns]
+    meta = {FEATURES_KEY: json.dumps(list(features)).encode()}
+    fields.append(pa.field(IDS, pa.list_(pa.int64()), metadata=meta))
+    arrays.append(_holder(buffer, n))
+    for j, feature in enumerate(features):
+        fields += [
+            pa.field(start_column(feature), pa.int32()),
+            pa.field(length_column(feature), pa.int32()),
+        ]
+        arrays += [pa.array(starts[j]), pa.array(lengths[j])]
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _corrupt(path: str, row: int, feature: str) -> None:
+    raise BadRowError(
+        path,
+        row,
+        dropped_column(feature),
+        "drops more ids than the earlier rows of its row group hold (corrupt dedup layout)",
+    )
+
+
+def take_rows(table: pa.Table, order: pa.Array) -> pa.Table:
+    """``table.take(order)`` keeping a stacked unit's id buffer whole."""
+    i = table.schema.get_field_index(IDS)
+    if i < 0:
+        return table.take(order)
+    field, buffer = table.schema.field(i), table.column(i)
+    taken = table.remove_column(i).take(order)
+    return taken.add_column(i, field, buffer)  # its rows are all empty: any order is the same
+
+
+def _holder(buffer: np.ndarray, rows: int) -> pa.Array:
+    """``rows`` empty lists whose child array is ``buffer``."""
+    return pa.ListArray.from_arrays(
+        pa.array(np.zeros(rows + 1, dtype=np.int32)), pa.array(buffer, pa.int64())
+    )
+
+
+def _one_chunk(column: pa.ChunkedArray) -> pa.Array:
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
+# ------------------------------------------------------------------------- one batch
+@dataclass(frozen=True, slots=True)
+class StackedChunk:
+    """One unit's rows of a batch: row i of feature k is
+    ``buffer[starts[k][i] : starts[k][i] + lengths[k][i]]``."""
+
+    buffer: np.ndarray
+    starts: list[np.ndarray]
+    """K arrays of (n,) int32 (zero-copy views of the batch's columns)."""
+    lengths: list[np.ndarray]
+
+    @property
+    def num_rows(self) -> int:
+        return self.starts[0].size if self.starts else 0
+
+
+@dataclass(frozen=True, slots=True)
+class Stacked:
+    """The encoded features of a batch: their names (K) and one chunk per unit."""
+
+    features: list[str]
+    chunks: list[StackedChunk]
+
+    def index(self, names: Sequence[str]) -> list[int]:
+        return [self.features.index(n) for n in names]
+
+
+def read_stacked(batch: pa.Table | pa.RecordBatch) -> Stacked | None:
+    """The stacked features of a batch's rows, or None when it holds none."""
+    i = batch.schema.get_field_index(IDS)
+    if i < 0:
+        return None
+    meta = batch.schema.field(i).metadata or {}
+    if FEATURES_KEY not in meta:
+        raise SchemaError(f"column {IDS!r} without its {FEATURES_KEY.decode()} metadata")
+    features = json.loads(meta[FEATURES_KEY])
+    holders = _chunks(batch, IDS)
+    sizes = [len(c) for c in holders]
+    starts = [_align(_chunks(batch, start_column(f)), sizes) for f in features]
+    lengths = [_align(_chunks(batch, length_column(f)), sizes) for f in features]
+    chunks = [
+        StackedChunk(
+            buffer=holder.values.to_numpy(),
+            starts=[s[c].to_numpy() for s in starts],
+            lengths=[n[c].to_numpy() for n in lengths],
+        )
+        for c, holder in enumerate(holders)
+        if len(holder)
+    ]
+    return Stacked(features=features, chunks=chunks)
+
+
+def _chunks(batch: pa.Table | pa.RecordBatch, name: str) -> list[pa.Array]:
+    column = batch.column(name)
+    return column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+
+
+def _align(chunks: list[pa.Array], sizes: list[int]) -> list[pa.Array]:
+    """``chunks`` cut at the row counts ``sizes`` (the id buffers' chunks)."""
+    if [len(c) for c in chunks] == sizes:
+        return chunks
+    whole = pa.chunked_array(chunks)
+    out, row = [], 0
+    for size in sizes:
+        out.append(whole.slice(row, size).combine_chunks())
+        row += size
+    return out
+
+
+def changed_rows(stacked: Stacked, keys: Sequence[int]) -> np.ndarray:
+    """(B,) bool: rows whose list differs from the row before in some of ``keys`` (indices
+    into ``stacked.features``); every chunk's first row counts as changed."""
+    parts = []
+    for chunk in stacked.chunks:
+        new = np.ones(chunk.num_rows, dtype=bool)
+        if new.size > 1:
+            changed = new[1:]
+            changed[:] = False
+            for k in keys:
+                s, n = chunk.starts[k], chunk.lengths[k]
+                changed |= s[1:] != s[:-1]
+                changed |= n[1:] != n[:-1]
+        parts.append(new)
+    return np.concatenate(parts) if len(parts) != 1 else parts[0]
+
+
+def gather(
+    stacked: Stacked, keys: Sequence[int], rows: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths, ids) of ``keys`` x batch ``rows`` (increasing; None: all), key-major like a
+    KJT: key ``keys[0]``'s rows first. One gather per chunk, whatever the number of keys."""
+    picks, row = [], 0
+    for chunk in stacked.chunks:
+        size = chunk.num_rows
+        s = np.stack([chunk.starts[k] for k in keys])  # (K, n): key-major
+        n = np.stack([chunk.lengths[k] for k in keys])
+        if rows is not None:
+            lo, hi = np.searchsorted(rows, [row, row + size])
+            local = rows[lo:hi] - row
+            s, n = s[:, local], n[:, local]
+        picks.append((chunk.buffer, s, n))
+        row += size
+    if len(picks) == 1:
+        buffer, s, n = picks[0]
+        lengths = n.reshape(-1).astype(np.int64)
+        return lengths, buffer[_range_index(s.reshape(-1), lengths)]
+    lengths = np.concatenate([n for _, _, n in picks], axis=1).reshape(-1).astype(np.int64)
+    out_starts = (np.cumsum(lengths) - lengths).reshape(len(keys), -1)
+    values = np.empty(int(lengths.sum()), dtype=np.int64)
+    column = 0
+    for buffer, s, n in picks:
+        m = s.shape[1]
+        part_lengths = n.reshape(-1).astype(np.int64)
+        dest = out_starts[:, column : column + m].reshape(-1)
+        values[_range_index(dest, part_lengths)] = buffer[_range_index(s.reshape(-1), part_lengths)]
+        column += m
+    return lengths, values
+
+
+def _range_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Positions ``starts[r] .. starts[r] + lengths[r] - 1`` of every r, concatenated."""
+    out_start = np.cumsum(lengths, dtype=np.int64) - lengths
+    index = np.repeat(starts.astype(np.int64) - out_start, lengths)
+    index += np.arange(index.size, dtype=np.int64)
+    return index
+
+
+# ------------------------------------------------------------------------- whole files
+def decode_table(table: pa.Table, encoded: Sequence[str], *, path: str = "<table>") -> pa.Table:
+    """``table`` (one row group of a dedup-layout file, as read) with every encoded feature
+    back in its plain ``list<int64>`` column (where its ``__new_ids`` column was)."""
+    stacked_table = stack_unit(table, encoded, encoded, path=path)
+    stacked = read_stacked(stacked_table)
+    assert stacked is not None
+    names: list[str] = []
+    columns: list[pa.Array | pa.ChunkedArray] = []
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        if name.endswith(NEW_IDS_SUFFIX) and name[: -len(NEW_IDS_SUFFIX)] in encoded:
+            feature = name[: -len(NEW_IDS_SUFFIX)]
+            lengths, values = gather(stacked, stacked.index([feature]))
+            offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            names.append(feature)
+            columns.append(
+                pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
+            )
+        elif not (name.endswith(DROPPED_SUFFIX) and name[: -len(DROPPED_SUFFIX)] in encoded):
+            names.append(name)
+            columns.append(column)
+    return pa.table(columns, names=names)
+
+
+def read_plain(path: str, columns: Sequence[str] | None = None) -> pa.Table:
+    """A table file's rows (``columns`` of them, by logical name) in the plain form, whatever
+    its layout: a dedup-layout file is decoded row group by row group."""
+    file = pq.ParquetFile(path)
+    layout = layout_of(file.schema_arrow, source=path)
+    if not layout.encoded:
+        return file.read(columns=None if columns is None else list(columns))
+    wanted = list(columns) if columns is not None else _logical_names(file.schema_arrow, layout)
+    physical = layout.physical_columns(wanted)
+    encoded = [f for f in layout.encoded if f in wanted]
+    groups = [
+        decode_table(file.read_row_group(i, columns=physical), encoded, path=path)
+        for i in range(file.num_row_groups)
+    ]
+    if not groups:
+        return decode_table(file.schema_arrow.empty_table().select(physical), encoded, path=path)
+    return pa.concat_tables(groups)
+
+
+def _logical_names(schema: pa.Schema, layout: Layout) -> list[str]:
+    names = []
+    for name in schema.names:
+        if name.endswith(NEW_IDS_SUFFIX) and name[: -len(NEW_IDS_SUFFIX)] in layout.encoded:
+            names.append(name[: -len(NEW_IDS_SUFFIX)])
+        elif not (name.endswith(DROPPED_SUFFIX) and name[: -len(DROPPED_SUFFIX)] in layout.encoded):
+            names.append(name)
+    return names
