@@ -177,6 +177,11 @@ def convert_sparse(
     encoded = set(stacked.features) if stacked is not None else set()
 
     def read(names: list[str]) -> JaggedColumn:
+        if stacked is not None and encoded.issuperset(names):  # one gather, no second lookup
+            lengths, values = gather(stacked, stacked.index(names))
+            offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            return JaggedColumn(offsets=offsets, values=values)
         return read_stacked_columns(batch, names, source=source, row_offset=row_offset)
 
     ikjts = []

@@ -202,10 +202,15 @@ def read_stacked(batch: pa.Table | pa.RecordBatch) -> Stacked | None:
     if FEATURES_KEY not in meta:
         raise SchemaError(f"column {IDS!r} without its {FEATURES_KEY.decode()} metadata")
     features = json.loads(meta[FEATURES_KEY])
-    holders = _chunks(batch, IDS)
+    # Stacked columns follow the holder in order (PLAN.batch_columns): by position, not name.
+    names = batch.schema.names
+    if names[i + 1 : i + 1 + 2 * len(features)] != stacked_columns(features)[1:]:
+        raise SchemaError(f"the stacked columns after {IDS!r} are not {features}'s")
+    columns = batch.columns
+    holders = _chunks(columns[i])
     sizes = [len(c) for c in holders]
-    starts = [_align(_chunks(batch, start_column(f)), sizes) for f in features]
-    lengths = [_align(_chunks(batch, length_column(f)), sizes) for f in features]
+    starts = [_align(_chunks(columns[i + 1 + 2 * j]), sizes) for j in range(len(features))]
+    lengths = [_align(_chunks(columns[i + 2 + 2 * j]), sizes) for j in range(len(features))]
     chunks = [
         StackedChunk(
             buffer=holder.values.to_numpy(),
@@ -218,14 +223,13 @@ def read_stacked(batch: pa.Table | pa.RecordBatch) -> Stacked | None:
     return Stacked(features=features, chunks=chunks)
 
 
-def _chunks(batch: pa.Table | pa.RecordBatch, name: str) -> list[pa.Array]:
-    column = batch.column(name)
+def _chunks(column: pa.Array | pa.ChunkedArray) -> list[pa.Array]:
     return column.chunks if isinstance(column, pa.ChunkedArray) else [column]
 
 
 def _align(chunks: list[pa.Array], sizes: list[int]) -> list[pa.Array]:
     """``chunks`` cut at the row counts ``sizes`` (the id buffers' chunks)."""
-    if [len(c) for c in chunks] == sizes:
+    if len(chunks) == len(sizes) and all(len(c) == n for c, n in zip(chunks, sizes, strict=True)):
         return chunks
     whole = pa.chunked_array(chunks)
     out, row = [], 0
