@@ -98,9 +98,11 @@ QUICK_SHARDS = 8
 ZSTD_LEVEL = 3  # recd etl's default (EtlConfig.zstd_level), passed to both sides explicitly
 # Sides of the speed comparison, and the figures that divide recd's rows/s by a reference's.
 RECD = "recd"
+RECD_DEDUP = "recd_dedup_layout"
 REFERENCE = "reference"
 REFERENCE_GLOBAL = "reference_global_sort"
-SIDES = (RECD, REFERENCE, REFERENCE_GLOBAL)
+SIDES = (RECD, RECD_DEDUP, REFERENCE, REFERENCE_GLOBAL)
+RECD_SIDES = (RECD, RECD_DEDUP)
 RATIOS = {
     "etl_speed_vs_reference": REFERENCE,
     "etl_speed_vs_reference_global_sort": REFERENCE_GLOBAL,
@@ -265,7 +267,7 @@ class SpeedSetup:
     timeout_s: float
 
 
-def recd_argv(setup: SpeedSetup, table: Path, report: Path) -> list[str]:
+def recd_argv(setup: SpeedSetup, table: Path, report: Path, *, layout: str) -> list[str]:
     """``recd etl`` on the session shards with the protocol's row groups, zstd and threads."""
     return [
         sys.executable,
@@ -281,6 +283,8 @@ def recd_argv(setup: SpeedSetup, table: Path, report: Path) -> list[str]:
         str(setup.zstd_level),
         "--workers",
         str(setup.threads),
+        "--layout",
+        layout,
         "--json",
         str(report),
         "--no-progress",
@@ -305,8 +309,8 @@ def run_side(side: str, rep: int, setup: SpeedSetup) -> tuple[dict[str, Any], Pa
     """One timed run of ``side``: (its record, the table it wrote)."""
     table = setup.work / f"{side}-{rep}"
     result = setup.work / f"{side}-{rep}.json"
-    if side == RECD:
-        argv = recd_argv(setup, table, result)
+    if side in RECD_SIDES:
+        argv = recd_argv(setup, table, result, layout="dedup" if side == RECD_DEDUP else "plain")
     else:
         spec = ReferenceSpec(
             shard_dir=setup.shard_dir,
@@ -328,7 +332,7 @@ def run_side(side: str, rep: int, setup: SpeedSetup) -> tuple[dict[str, Any], Pa
         record["error"] = error
         return record, table
     data = json.loads(result.read_text())
-    if side == RECD:
+    if side in RECD_SIDES:
         record.update({k: data[k] for k in RECD_REPORT_KEYS} | {"rows": data["rows_in"]})
     else:
         record.update(data)
@@ -398,12 +402,12 @@ def ratio_summary(ours: dict[int, float], theirs: dict[int, float]) -> dict[str,
 
 
 def measure_speed(
-    setup: SpeedSetup, *, repetitions: int, order_seed: int | str, keep: Path
+    setup: SpeedSetup, *, repetitions: int, order_seed: int | str, keep: dict[str, Path]
 ) -> dict[str, Any]:
     """Run every side ``repetitions`` times, interleaved in a seeded random order; summarise.
 
-    The first table recd writes is moved to ``keep`` (for the encodings summary); every other
-    output is checked and removed.
+    The first table of each side in ``keep`` is moved there (for the encodings and column
+    summaries); every other output is checked and removed.
     """
     order = interleaved_order(repetitions, SIDES, order_seed)
     load_before = load_avg()
@@ -413,8 +417,8 @@ def measure_speed(
         record, table = run_side(side, rep, setup)
         if record["ok"]:
             record["table"] = inspect_table(table)
-            if side == RECD and not keep.exists():
-                table.rename(keep)
+            if side in keep and not keep[side].exists():
+                table.rename(keep[side])
         shutil.rmtree(table, ignore_errors=True)
         runs.append(record)
     load_after = load_avg()
@@ -423,13 +427,15 @@ def measure_speed(
     rates = {
         s: {r["rep"]: r["rows_per_s"] for r in runs if r["side"] == s and r["ok"]} for s in SIDES
     }
+    ratios = {key: ratio_summary(rates[RECD], rates[side]) for key, side in RATIOS.items()}
+    ratios["dedup_layout_etl_speed_vs_plain"] = ratio_summary(rates[RECD_DEDUP], rates[RECD])
     return {
         "order": order,
         "order_seed": order_seed,
         "load_avg_before": load_before,
         "load_avg_after": load_after,
         "sides": sides,
-        "ratios": {key: ratio_summary(rates[RECD], rates[side]) for key, side in RATIOS.items()},
+        "ratios": ratios,
         "runs": runs,
     }
 
@@ -507,11 +513,22 @@ def measure_profile(profile: str, args: argparse.Namespace, work: Path) -> dict[
     )
     setup.work.mkdir(parents=True, exist_ok=True)
     kept = work / "table_clustered"
+    kept_dedup = work / "table_dedup"
     os.sync()  # the shards and the baseline table are on disk: no writeback during the runs
     order_seed = f"{args.order_seed}/{profile}"  # an order of its own for each profile
-    speed = measure_speed(setup, repetitions=args.repetitions, order_seed=order_seed, keep=kept)
+    speed = measure_speed(
+        setup,
+        repetitions=args.repetitions,
+        order_seed=order_seed,
+        keep={RECD: kept, RECD_DEDUP: kept_dedup},
+    )
     bytes_clustered = speed["sides"][RECD]["bytes_out"]["median"]
     encodings = encodings_summary(kept, args.row_group_rows) if kept.exists() else {}
+    columns = {
+        "plain": column_bytes(kept) if kept.exists() else {},
+        "dedup_layout": column_bytes(kept_dedup) if kept_dedup.exists() else {},
+        "baseline": column_bytes(work / "table_baseline"),
+    }
     return profile_block(
         profile=profile,
         gen=gen,
@@ -522,8 +539,29 @@ def measure_profile(profile: str, args: argparse.Namespace, work: Path) -> dict[
         bytes_clustered=bytes_clustered,
         speed=speed,
         encodings=encodings,
+        columns=columns,
         args=args,
     )
+
+
+def column_bytes(table_dir: Path) -> dict[str, int]:
+    """Compressed bytes of each column (``f__new_ids`` and ``f__start`` counted as ``f``) of
+    a table's files, and ``footers`` (the rest of the files: footers, page indexes)."""
+    out: dict[str, int] = {}
+    total = 0
+    for path in sorted(table_dir.rglob("*.parquet")):
+        meta = pq.ParquetFile(path).metadata
+        total += path.stat().st_size
+        for i in range(meta.num_row_groups):
+            group = meta.row_group(i)
+            for j in range(group.num_columns):
+                chunk = group.column(j)
+                name = chunk.path_in_schema.split(".")[0]
+                for suffix in ("__new_ids", "__start"):
+                    name = name.removesuffix(suffix)
+                out[name] = out.get(name, 0) + chunk.total_compressed_size
+    out["footers"] = total - sum(out.values())
+    return out
 
 
 def encodings_summary(table_dir: Path, row_group_rows: int) -> dict[str, Any]:
@@ -543,6 +581,7 @@ def profile_block(
     bytes_clustered: float | None,
     speed: dict[str, Any],
     encodings: dict[str, Any],
+    columns: dict[str, dict[str, int]],
     args: argparse.Namespace,
 ) -> dict[str, Any]:
     """One profile's figures (flat, as before) with the speed protocol beside them."""
@@ -576,6 +615,18 @@ def profile_block(
     block["reference_bytes_ratio"] = (
         ref_bytes / bytes_clustered if ref_bytes and bytes_clustered else None
     )
+    bytes_dedup = sides[RECD_DEDUP]["bytes_out"]["median"]
+    block["table_bytes_dedup_layout"] = bytes_dedup
+    block["table_ratio_dedup_layout"] = baseline_bytes / bytes_dedup if bytes_dedup else None
+    block["bytes_per_sample_dedup_layout"] = bytes_dedup / rows_out if bytes_dedup else None
+    block["dedup_layout_etl_rows_per_s"] = sides[RECD_DEDUP]["rows_per_s"]["median"]
+    # What no sparse dedup can remove: the columns that are not sparse features (keys, ts,
+    # labels, dense features) and the footers, as the dedup layout stores them.
+    sparse = set(load_catalogue(profile).sparse_names)
+    fixed = sum(v for k, v in columns["dedup_layout"].items() if k not in sparse)
+    block["dedup_layout_non_sparse_bytes"] = fixed
+    block["table_ratio_bound_without_sparse"] = baseline_bytes / fixed if fixed else None
+    block["column_bytes"] = columns
     block["failed_repetitions"] = {side: sides[side]["failed_repetitions"] for side in SIDES}
     block["etl_speed"] = {"protocol": speed_protocol(gen.rows, sides, speed, args), **speed}
     block["encodings"] = encodings
@@ -608,9 +659,12 @@ def speed_protocol(
         "load_avg_after": speed["load_avg_after"],
         "command": args.command,
         "side_commands": {
-            RECD: "python -m recd etl SHARDS --table OUT "
-            f"--row-group-rows {args.row_group_rows} --zstd-level {ZSTD_LEVEL} "
-            f"--workers {args.threads} --json REPORT --no-progress",
+            **{
+                side: "python -m recd etl SHARDS --table OUT "
+                f"--row-group-rows {args.row_group_rows} --zstd-level {ZSTD_LEVEL} "
+                f"--workers {args.threads} --layout {layout} --json REPORT --no-progress"
+                for side, layout in ((RECD, "plain"), (RECD_DEDUP, "dedup"))
+            },
             REFERENCE: "decode + validate shards on "
             f"{args.threads} threads (recd.etl.validate), then DuckDB: {sql[REFERENCE]}",
             REFERENCE_GLOBAL: "decode + validate shards on "
@@ -684,7 +738,29 @@ def profile_rows(b: dict[str, Any]) -> list[tuple[str, str]]:
             if b["table_compression_ratio"] is None
             else f"**{b['table_compression_ratio']:.2f}x**",
         ),
+        (
+            "table, dedup layout (`--layout dedup`)",
+            fmt_bytes(b["table_bytes_dedup_layout"], b["bytes_per_sample_dedup_layout"]),
+        ),
+        (
+            "**table_ratio_dedup_layout** (baseline / dedup layout)",
+            "n/a"
+            if b["table_ratio_dedup_layout"] is None
+            else f"**{b['table_ratio_dedup_layout']:.2f}x**",
+        ),
+        (
+            "bound: baseline / the dedup table's non-sparse columns and footers",
+            "n/a"
+            if b["table_ratio_bound_without_sparse"] is None
+            else f"{b['table_ratio_bound_without_sparse']:.2f}x "
+            f"({b['dedup_layout_non_sparse_bytes'] / 1e6:,.1f} MB that sparse dedup cannot remove)",
+        ),
         ("recd etl, median (min-max)", fmt_rate(sides[RECD])),
+        ("recd etl --layout dedup, median (min-max)", fmt_rate(sides[RECD_DEDUP])),
+        (
+            "**dedup_layout_etl_speed_vs_plain** (ratio of medians; paired min-max)",
+            fmt_ratio(b, "dedup_layout_etl_speed_vs_plain"),
+        ),
         ("DuckDB, same work: sort per hourly partition", fmt_rate(sides[REFERENCE])),
         (
             "**etl_speed_vs_reference** (ratio of medians; paired min-max)",
@@ -703,11 +779,11 @@ def profile_rows(b: dict[str, Any]) -> list[tuple[str, str]]:
             ),
         ),
         (
-            "sessions clustered in every file (recd / same work / global)",
+            "sessions clustered in every file (recd / dedup layout / same work / global)",
             " / ".join(fmt_flag(sides[s]["sessions_clustered"]) for s in SIDES),
         ),
         (
-            "failed repetitions (recd / same work / global)",
+            "failed repetitions (recd / dedup layout / same work / global)",
             " / ".join(str(b["failed_repetitions"][s]) for s in SIDES),
         ),
     ]

@@ -161,7 +161,9 @@ def read_stacked_columns(
     ``read_list_column`` raises, naming the column and row. Features a batch holds stacked
     (the dedup layout, ``recd.layout_read``) are gathered to their plain rows.
     """
-    stacked = read_stacked(batch)
+    schema = batch.schema
+    absent = any(schema.get_field_index(name) < 0 for name in names)
+    stacked = read_stacked(batch) if absent else None  # a stacked feature has no column
     if stacked is not None and any(name in stacked.features for name in names):
         if all(name in stacked.features for name in names):
             return _jagged(*gather(stacked, stacked.index(names)))

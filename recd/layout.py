@@ -6,42 +6,40 @@ items" history is the previous row's history with the newest events appended and
 dropped. The ``dedup`` layout stores, for every encoded feature ``f``, two columns in place
 of ``f``::
 
-    f__new_ids  list<int64>   the ids this row appends to the row group's sequence
-    f__dropped  int32         how many ids of the previous row's list this row drops (front)
+    f__new_ids  list<int64>   the ids this row appends to the row group's sequence of f
+    f__start    int32         where the row's list starts in that sequence
 
-A row's list is the last ``len`` ids of the sequence formed by ``f__new_ids`` of the row
-group's rows so far, where ``len = previous len + len(new ids) - dropped`` (0 before the
-first row). A repeat appends nothing and drops nothing; a history that slid by one event
-appends it and drops the oldest; a fresh value appends itself whole and drops the whole
-previous list. Worked example (one session, a 3-item history; ``docs/layout.md`` holds it as
-a test)::
+The *sequence* is the ``f__new_ids`` of the row group's rows laid end to end; a row's list
+runs from ``f__start`` to the end of its own new ids. A repeat appends nothing and keeps its
+start; a history that slid by one event appends it and starts one id later; a fresh value
+appends itself whole and starts where it was appended. Worked example (one session, a 3-item
+history; ``docs/layout.md`` holds it as a test)::
 
-    row   history (plain)   f__new_ids   f__dropped   len   sequence so far
-    0     [5, 6]            [5, 6]       0            2     5 6
-    1     [5, 6]            []           0            2     5 6
-    2     [5, 6, 7]         [7]          0            3     5 6 7
-    3     [6, 7, 8]         [8]          1            3     5 6 7 8
-    4     [9]               [9]          3            1     5 6 7 8 9
+    row   history (plain)   f__new_ids   f__start   sequence so far (position: id)
+    0     [5, 6]            [5, 6]       0          0:5 1:6
+    1     [5, 6]            []           0          0:5 1:6
+    2     [5, 6, 7]         [7]          0          0:5 1:6 2:7
+    3     [6, 7, 8]         [8]          1          0:5 1:6 2:7 3:8
+    4     [9]               [9]          4          0:5 1:6 2:7 3:8 4:9
 
-Mostly-zero ``dropped`` columns cost almost nothing on disk (storing the length itself cost
-as much as the ids it saved on short static features). Readers turn ``dropped`` into the
-length once per row group (a cumulative sum, ``recd.layout_read``).
+``f__start`` only ever grows inside a row group, by the ids a row drops: Parquet's
+DELTA_BINARY_PACKED (chosen by the ETL's encoding trial when it is the smallest) stores it
+in about a bit per row, and decoding it is the only arithmetic a reader needs: row i's list
+is ``sequence[start_i : end_i]``, ``end_i`` the end offset of its new ids.
 
-Reading needs no search: in a row group, ``f__new_ids`` of all rows are one flat buffer of
-ids, the sessions' sequences end to end, so row i's list is ``ids[end_i - len_i : end_i]``
-with ``end_i`` its list's end offset. Arrow slices keep offsets into the unsliced buffer,
-so a batch that starts in the middle of a session still finds its first row's list, and a
-session shuffle (``take`` of whole sessions) keeps each session's rows in order behind their
-first, self-contained row. A row equals its predecessor iff it appends and drops nothing,
-which is how readers build an IKJT without hashing (``recd.layout_read``).
+Arrow slices keep offsets into the unsliced buffer, so a batch that starts in the middle of a
+session still finds its first row's list, and a row equals its predecessor iff it appends
+nothing and keeps its start, which is how readers build an IKJT without hashing
+(``recd.layout_read``).
 
 The writer (:func:`encode_row_group`, the same function in both ETL engines) encodes one row
 group at a time and starts afresh at every session and row group: the first row of each is
-stored whole, so any row group decodes on its own. For each row it stores the fewest new ids
-among small shifts of the previous list (``MAX_SHIFT``); anything else is stored whole, which
-is always exact. Which features to encode: by default those whose stored ids are at most
-``MAX_STORED_FRACTION`` of their ids on the ETL's sample (:func:`stored_fractions`); a
-feature that changes on every row would only pay for its ``dropped`` column.
+stored whole, so any row group decodes on its own and whole sessions can be reordered. For
+each row it stores the fewest new ids among small shifts of the previous list
+(``MAX_SHIFT``); anything else is stored whole, which is always exact. Which features to
+encode: by default those whose stored ids are at most ``MAX_STORED_FRACTION`` of their ids
+on the ETL's sample (:func:`stored_fractions`); a feature that changes on every row would
+only pay for its ``__start`` column.
 
 Plain Parquet readers are not misled: column ``f`` does not exist in a dedup file (reading it
 fails), and the schema metadata carries ``recd.layout``. recd's readers read both layouts,
@@ -68,7 +66,7 @@ LAYOUTS = ("plain", "dedup")
 LAYOUT_METADATA_KEY = b"recd.layout"
 LAYOUT_VERSION = 1
 NEW_IDS_SUFFIX = "__new_ids"
-DROPPED_SUFFIX = "__dropped"
+START_SUFFIX = "__start"
 MAX_STORED_FRACTION = 0.8
 """Default feature choice: encode a feature whose stored ids are at most this fraction of its
 ids on the ETL's sample."""
@@ -83,8 +81,8 @@ def new_ids_column(feature: str) -> str:
     return feature + NEW_IDS_SUFFIX
 
 
-def dropped_column(feature: str) -> str:
-    return feature + DROPPED_SUFFIX
+def start_column(feature: str) -> str:
+    return feature + START_SUFFIX
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +104,7 @@ class Layout:
         out: list[str] = []
         for name in columns:
             if name in self.encoded:
-                out.extend([new_ids_column(name), dropped_column(name)])
+                out.extend([new_ids_column(name), start_column(name)])
             else:
                 out.append(name)
         return out
@@ -131,7 +129,7 @@ def layout_of(schema: pa.Schema, *, source: str) -> Layout:
             f"(reads {', '.join(LAYOUTS)} up to version {LAYOUT_VERSION}): upgrade recd"
         )
     for feature in encoded:
-        for column in (new_ids_column(feature), dropped_column(feature)):
+        for column in (new_ids_column(feature), start_column(feature)):
             if schema.get_field_index(column) < 0:
                 raise SchemaError(f"{source}: dedup layout without column {column!r}")
     return Layout(name, tuple(encoded))
@@ -139,12 +137,12 @@ def layout_of(schema: pa.Schema, *, source: str) -> Layout:
 
 def dedup_schema(schema: pa.Schema, features: Sequence[str]) -> pa.Schema:
     """The file schema of the dedup layout: each encoded feature's column replaced, in place,
-    by its ``__new_ids`` and ``__dropped`` columns; ``recd.layout`` added to the metadata."""
+    by its ``__new_ids`` and ``__start`` columns; ``recd.layout`` added to the metadata."""
     fields: list[pa.Field] = []
     for fld in schema:
         if fld.name in features:
             fields.append(pa.field(new_ids_column(fld.name), _IDS_TYPE, nullable=False))
-            fields.append(pa.field(dropped_column(fld.name), pa.int32(), nullable=False))
+            fields.append(pa.field(start_column(fld.name), pa.int32(), nullable=False))
         else:
             fields.append(fld)
     metadata = dict(schema.metadata or {})
@@ -166,8 +164,8 @@ def encode_list(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Encode one list column (offsets (N + 1,) from 0, int64 values) of one row group.
 
-    Returns ``(new_offsets, new_values, dropped)``: the ``__new_ids`` lists and
-    ``__dropped``. ``first`` marks the rows stored whole (session and row-group starts).
+    Returns ``(new_offsets, new_values, starts)``: the ``__new_ids`` lists and ``__start``.
+    ``first`` marks the rows stored whole (session and row-group starts).
     """
     n = first.size
     lengths = np.diff(offsets)
@@ -193,8 +191,7 @@ def encode_list(
     starts = offsets[1:] - added
     index = np.repeat(starts - new_offsets[:-1], added)
     index += np.arange(index.size, dtype=np.int64)
-    dropped = np.r_[0, lengths[:-1]] + added - lengths if n else lengths
-    return new_offsets, values[index], dropped
+    return new_offsets, values[index], new_offsets[1:] - lengths
 
 
 def _suffix_matches(
@@ -218,7 +215,7 @@ def encode_row_group(
     table: pa.Table, features: Sequence[str], *, schema: pa.Schema | None = None
 ) -> pa.Table:
     """One row group of the table schema (``session_id`` included, clustered order) in the
-    dedup layout: each of ``features`` becomes its ``__new_ids`` and ``__dropped`` columns
+    dedup layout: each of ``features`` becomes its ``__new_ids`` and ``__start`` columns
     (typed as ``schema``, the file's :func:`dedup_schema`, when given)."""
     first = row_starts(table.column(SESSION_ID).to_numpy())
     names: list[str] = []
@@ -232,14 +229,14 @@ def encode_row_group(
         chunk = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
         raw = chunk.offsets.to_numpy().astype(np.int64)
         values = chunk.values.to_numpy(zero_copy_only=False)[int(raw[0]) : int(raw[-1])]
-        new_offsets, new_values, dropped = encode_list(raw - raw[0], values, first)
+        new_offsets, new_values, starts = encode_list(raw - raw[0], values, first)
         ids = pa.ListArray.from_arrays(
             pa.array(new_offsets.astype(np.int32)),
             pa.array(new_values, pa.int64()),
             type=_IDS_TYPE,
         )
-        names.extend([new_ids_column(name), dropped_column(name)])
-        columns.extend([ids, pa.array(dropped.astype(np.int32))])
+        names.extend([new_ids_column(name), start_column(name)])
+        columns.extend([ids, pa.array(starts.astype(np.int32))])
     if schema is not None:
         return pa.Table.from_arrays(columns, schema=schema)
     return pa.table(columns, names=names)

@@ -39,19 +39,19 @@ import pyarrow.parquet as pq
 
 from recd.errors import BadRowError, SchemaError
 from recd.layout import (
-    DROPPED_SUFFIX,
     NEW_IDS_SUFFIX,
+    START_SUFFIX,
     Layout,
-    dropped_column,
     layout_of,
     new_ids_column,
+    start_column,
 )
 
 IDS = "__recd_ids"
 FEATURES_KEY = b"recd.encoded"
 
 
-def start_column(feature: str) -> str:
+def position_column(feature: str) -> str:
     return f"__recd_start__{feature}"
 
 
@@ -61,7 +61,7 @@ def length_column(feature: str) -> str:
 
 def stacked_columns(features: Sequence[str]) -> list[str]:
     """The in-memory columns holding ``features`` stacked, in order."""
-    return [IDS, *(c for f in features for c in (start_column(f), length_column(f)))]
+    return [IDS, *(c for f in features for c in (position_column(f), length_column(f)))]
 
 
 # ------------------------------------------------------------------------- one unit
@@ -74,75 +74,64 @@ def stack_unit(
     first_row: int = 0,
 ) -> pa.Table:
     """A unit's rows as read (``stored``: the features its file keeps as ``__new_ids`` +
-    ``__dropped``; the rest of ``features`` are plain ``list<int64>`` columns) with every one
+    ``__start``; the rest of ``features`` are plain ``list<int64>`` columns) with every one
     of ``features`` replaced by the stacked in-memory form (module docstring).
 
-    Must run before rows are reordered (``__dropped`` counts from the previous row of the
-    file). BadRowError names the file, row (``first_row`` + index) and column of a row whose
-    list would reach outside its row group (a corrupt file).
+    Must run before rows are reordered (``__start`` counts in the file's order). BadRowError
+    names the file, row (``first_row`` + index) and column of a row whose list would reach
+    outside its row group's sequence (a corrupt file).
     """
     n, k = table.num_rows, len(features)
-    # int32 (K, n) matrices: Arrow's list offsets are int32, and every pass below runs over all
-    # features at once (per-feature numpy work cost more than the decoding it saved)
-    offsets = np.empty((k, n + 1), dtype=np.int32)
-    dropped = np.zeros((k, n), dtype=np.int32)
+    # int32 (K, n) matrices, every pass over all features at once (per-feature numpy work
+    # cost more than the Parquet decoding the layout saves)
+    ends = np.empty((k, n + 1), dtype=np.int32)
+    starts = np.empty((k, n), dtype=np.int32)
     parts: list[np.ndarray] = []
     drop: list[str] = []
+    columns = dict(zip(table.column_names, table.columns, strict=True))  # one lookup each
     for j, feature in enumerate(features):
         name = new_ids_column(feature) if feature in stored else feature
-        array = _one_chunk(table.column(name))
-        offsets[j] = array.offsets.to_numpy()
-        lo, hi = int(offsets[j, 0]), int(offsets[j, -1])
+        array = _one_chunk(columns[name])
+        ends[j] = array.offsets.to_numpy()
+        lo, hi = int(ends[j, 0]), int(ends[j, -1])
         parts.append(array.values.slice(lo, hi - lo).to_numpy(zero_copy_only=False))
         drop.append(name)
         if feature in stored:
-            dropped[j] = table.column(dropped_column(feature)).to_numpy()
-            drop.append(dropped_column(feature))
+            starts[j] = _one_chunk(columns[start_column(feature)]).to_numpy()
+            drop.append(start_column(feature))
+        else:  # a plain list starts where it was appended
+            starts[j] = ends[j, :-1] - lo
     bases = np.zeros(k, dtype=np.int64)
     np.cumsum([part.size for part in parts[:-1]], out=bases[1:])
     buffer = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
     if buffer.size > np.iinfo(np.int32).max:
         raise SchemaError(f"{path}: a row group holds more than 2**31 ids of stacked features")
     buffer = buffer.astype(np.int64, copy=False)
-    offsets -= offsets[:, :1] - bases[:, None].astype(np.int32)  # positions in the buffer
-    lengths = np.diff(offsets, axis=1)  # ids each row appends
-    for j, feature in enumerate(features):
-        if feature not in stored:  # a plain row drops its predecessor's whole list
-            dropped[j, 1:] = lengths[j, :-1]
-    if n and dropped.min() < 0:
-        j, row = (int(x[0]) for x in np.nonzero(dropped < 0))
-        _corrupt(path, first_row + row, features[j])
-    lengths -= dropped
-    np.cumsum(lengths, axis=1, out=lengths)
-    starts = offsets[:, 1:] - lengths
-    # every row's list lies in its own feature's part of the buffer
-    if n and ((lengths.min(axis=1) < 0) | (starts.min(axis=1) < bases)).any():
-        bad = (lengths < 0) | (starts < bases[:, None])
-        j, row = (int(x[0]) for x in np.nonzero(bad))
-        _corrupt(path, first_row + row, features[j])
+    ends -= ends[:, :1]  # positions in each feature's sequence
+    lengths = ends[:, 1:] - starts
+    if n and (int(starts.min()) < 0 or int(lengths.min()) < 0):
+        j, row = (int(x[0]) for x in np.nonzero((starts < 0) | (lengths < 0)))
+        raise BadRowError(
+            path,
+            first_row + row,
+            start_column(features[j]),
+            "the row's list would start outside its row group's ids (corrupt dedup layout)",
+        )
+    starts += bases[:, None].astype(np.int32)  # positions in the unit's buffer
     dropped_names = set(drop)
-    columns = [c for c in table.column_names if c not in dropped_names]
-    arrays: list[pa.Array | pa.ChunkedArray] = [table.column(c) for c in columns]
-    fields = [table.schema.field(c) for c in columns]
+    kept = [i for i, c in enumerate(table.column_names) if c not in dropped_names]
+    arrays: list[pa.Array | pa.ChunkedArray] = [table.column(i) for i in kept]
+    fields = [table.schema.field(i) for i in kept]
     meta = {FEATURES_KEY: json.dumps(list(features)).encode()}
     fields.append(pa.field(IDS, pa.list_(pa.int64()), metadata=meta))
     arrays.append(_holder(buffer, n))
     for j, feature in enumerate(features):
         fields += [
-            pa.field(start_column(feature), pa.int32()),
+            pa.field(position_column(feature), pa.int32()),
             pa.field(length_column(feature), pa.int32()),
         ]
         arrays += [pa.array(starts[j]), pa.array(lengths[j])]
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
-
-
-def _corrupt(path: str, row: int, feature: str) -> None:
-    raise BadRowError(
-        path,
-        row,
-        dropped_column(feature),
-        "drops more ids than the earlier rows of its row group hold (corrupt dedup layout)",
-    )
 
 
 def take_rows(table: pa.Table, order: pa.Array) -> pa.Table:
@@ -202,41 +191,25 @@ def read_stacked(batch: pa.Table | pa.RecordBatch) -> Stacked | None:
     if FEATURES_KEY not in meta:
         raise SchemaError(f"column {IDS!r} without its {FEATURES_KEY.decode()} metadata")
     features = json.loads(meta[FEATURES_KEY])
-    # Stacked columns follow the holder in order (PLAN.batch_columns): by position, not name.
+    # The stacked columns follow the holder (ReadPlan.batch_columns): by position, not name,
+    # and a record batch per unit (its columns share the unit's rows) rather than per column.
     names = batch.schema.names
-    if names[i + 1 : i + 1 + 2 * len(features)] != stacked_columns(features)[1:]:
+    end = i + 1 + 2 * len(features)
+    if names[i + 1 : end] != stacked_columns(features)[1:]:
         raise SchemaError(f"the stacked columns after {IDS!r} are not {features}'s")
-    columns = batch.columns
-    holders = _chunks(columns[i])
-    sizes = [len(c) for c in holders]
-    starts = [_align(_chunks(columns[i + 1 + 2 * j]), sizes) for j in range(len(features))]
-    lengths = [_align(_chunks(columns[i + 2 + 2 * j]), sizes) for j in range(len(features))]
-    chunks = [
-        StackedChunk(
-            buffer=holder.values.to_numpy(),
-            starts=[s[c].to_numpy() for s in starts],
-            lengths=[n[c].to_numpy() for n in lengths],
+    part = batch.select(range(i, end))
+    units = part.to_batches() if isinstance(part, pa.Table) else [part]
+    chunks = []
+    for unit in units:
+        if unit.num_rows == 0:
+            continue
+        arrays = [unit.column(j).to_numpy() for j in range(1, unit.num_columns)]
+        chunks.append(
+            StackedChunk(
+                buffer=unit.column(0).values.to_numpy(), starts=arrays[0::2], lengths=arrays[1::2]
+            )
         )
-        for c, holder in enumerate(holders)
-        if len(holder)
-    ]
     return Stacked(features=features, chunks=chunks)
-
-
-def _chunks(column: pa.Array | pa.ChunkedArray) -> list[pa.Array]:
-    return column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-
-
-def _align(chunks: list[pa.Array], sizes: list[int]) -> list[pa.Array]:
-    """``chunks`` cut at the row counts ``sizes`` (the id buffers' chunks)."""
-    if len(chunks) == len(sizes) and all(len(c) == n for c, n in zip(chunks, sizes, strict=True)):
-        return chunks
-    whole = pa.chunked_array(chunks)
-    out, row = [], 0
-    for size in sizes:
-        out.append(whole.slice(row, size).combine_chunks())
-        row += size
-    return out
 
 
 def changed_rows(stacked: Stacked, keys: Sequence[int]) -> np.ndarray:
@@ -246,12 +219,9 @@ def changed_rows(stacked: Stacked, keys: Sequence[int]) -> np.ndarray:
     for chunk in stacked.chunks:
         new = np.ones(chunk.num_rows, dtype=bool)
         if new.size > 1:
-            changed = new[1:]
-            changed[:] = False
-            for k in keys:
-                s, n = chunk.starts[k], chunk.lengths[k]
-                changed |= s[1:] != s[:-1]
-                changed |= n[1:] != n[:-1]
+            s = np.stack([chunk.starts[k] for k in keys])
+            n = np.stack([chunk.lengths[k] for k in keys])
+            new[1:] = ((s[:, 1:] != s[:, :-1]) | (n[:, 1:] != n[:, :-1])).any(axis=0)
         parts.append(new)
     return np.concatenate(parts) if len(parts) != 1 else parts[0]
 
@@ -316,7 +286,7 @@ def decode_table(table: pa.Table, encoded: Sequence[str], *, path: str = "<table
             columns.append(
                 pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
             )
-        elif not (name.endswith(DROPPED_SUFFIX) and name[: -len(DROPPED_SUFFIX)] in encoded):
+        elif not (name.endswith(START_SUFFIX) and name[: -len(START_SUFFIX)] in encoded):
             names.append(name)
             columns.append(column)
     return pa.table(columns, names=names)
@@ -346,6 +316,6 @@ def _logical_names(schema: pa.Schema, layout: Layout) -> list[str]:
     for name in schema.names:
         if name.endswith(NEW_IDS_SUFFIX) and name[: -len(NEW_IDS_SUFFIX)] in layout.encoded:
             names.append(name[: -len(NEW_IDS_SUFFIX)])
-        elif not (name.endswith(DROPPED_SUFFIX) and name[: -len(DROPPED_SUFFIX)] in layout.encoded):
+        elif not (name.endswith(START_SUFFIX) and name[: -len(START_SUFFIX)] in layout.encoded):
             names.append(name)
     return names

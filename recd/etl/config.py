@@ -70,7 +70,7 @@ class EtlConfig:
     dedup_features: list[str] | None = None
     """Sparse features the ``dedup`` layout encodes. None: those whose stored ids are at most
     ``recd.layout.MAX_STORED_FRACTION`` of their ids on the ETL's sample (a feature that
-    changes on every row would only pay for its ``__dropped`` column)."""
+    changes on every row would only pay for its ``__start`` column)."""
     workers: int | None = None
     """Threads of the local engine (pyarrow's kernels release the GIL). 1: serial. 2 or more:
     a reader thread prepares (decodes, validates, sorts) the next shard-pass while this thread

@@ -339,7 +339,7 @@ def _check_schemas(
     """Types of ``columns``; SchemaError if one is missing, unusable, or changes across files.
 
     A feature a file stores in the dedup layout has the type of its ``__new_ids`` column
-    (its ``__dropped`` column was checked by ``layout_of``)."""
+    (its ``__start`` column was checked by ``layout_of``)."""
     sparse_set = set(sparse)
     types: dict[str, pa.DataType] = {}
     origin: dict[str, Path] = {}

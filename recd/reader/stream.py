@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from recd.errors import BadRowError, SchemaError
 from recd.jagged import SPARSE_TYPE
-from recd.layout import Layout, dropped_column, new_ids_column
+from recd.layout import Layout, new_ids_column, start_column
 from recd.layout_read import stack_unit, take_rows
 from recd.reader.config import Shuffle
 from recd.reader.plan import ReadPlan, WorkUnit, locate, session_order
@@ -92,7 +92,7 @@ def normalise_table(table: pa.Table, unit: WorkUnit, plan: ReadPlan) -> pa.Table
     metadata, so a row group costs a few attribute reads per column, not a compute kernel.
     """
     sparse = set(plan.sparse)
-    stored = {c for f in unit.encoded for c in (new_ids_column(f), dropped_column(f))}
+    stored = {c for f in unit.encoded for c in (new_ids_column(f), start_column(f))}
     columns = []
     # Tables written by recd's ETL have no nullable field (Catalogue.table_schema): their
     # columns hold no null and are viewed, zero-copy, as the canonical nullable types, so

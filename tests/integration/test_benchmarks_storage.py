@@ -16,6 +16,8 @@ import pytest
 from benchmarks.storage import (
     PROFILES,
     RECD,
+    RECD_DEDUP,
+    RECD_SIDES,
     REFERENCE,
     REFERENCE_GLOBAL,
     SIDES,
@@ -26,6 +28,7 @@ from benchmarks.storage import (
     side_summary,
 )
 from benchmarks.storage import main as bench_main
+from recd.schema import SESSION_ID
 
 
 def test_interleaved_order_is_seeded_rounds() -> None:
@@ -149,7 +152,7 @@ def _check_profile(profile: str, block: dict[str, Any], protocol: dict[str, Any]
         assert 0 < run["seconds"] < run["wall_seconds_with_startup"]
         assert run["rows_per_s"] == pytest.approx(run["rows"] / run["seconds"])
         rates[run["side"]][run["rep"]] = run["rows_per_s"]
-        threads = run["workers"] if run["side"] == RECD else run["duckdb_threads"]
+        threads = run["workers"] if run["side"] in RECD_SIDES else run["duckdb_threads"]
         assert threads == 2, run["side"]
     for side in SIDES:
         summary = speed["sides"][side]
@@ -159,9 +162,21 @@ def _check_profile(profile: str, block: dict[str, Any], protocol: dict[str, Any]
         assert summary["rows_per_s"]["median"] == pytest.approx(statistics.median(values))
         assert summary["same_rows_in_table_as_recd"], side
         assert summary["same_partitions_digest_as_recd"], side
-        assert summary["same_columns_as_recd"], side
+        # the dedup layout stores sparse features as __new_ids + __start
+        assert summary["same_columns_as_recd"] == (side != RECD_DEDUP), side
         assert summary["max_row_group_rows"] <= 8192
     assert speed["sides"][RECD]["sessions_clustered"] is True
+    assert speed["sides"][RECD_DEDUP]["sessions_clustered"] is True
+    assert block["table_ratio_dedup_layout"] == pytest.approx(
+        block["table_bytes_baseline"] / block["table_bytes_dedup_layout"]
+    )
+    assert block["table_ratio_bound_without_sparse"] > block["table_ratio_dedup_layout"]
+    dedup_columns = block["column_bytes"]["dedup_layout"]
+    assert dedup_columns["footers"] > 0 and SESSION_ID in dedup_columns
+    ours, theirs = rates[RECD_DEDUP], rates[RECD]
+    assert block["dedup_layout_etl_speed_vs_plain"] == pytest.approx(
+        statistics.median(ours.values()) / statistics.median(theirs.values())
+    )
     assert speed["sides"][REFERENCE]["sessions_clustered"] is True  # the same work
     assert speed["sides"][REFERENCE]["decode_seconds"]["median"] > 0
     for key, side in (

@@ -126,14 +126,14 @@ def test_plain_readers_do_not_see_references_as_data(tmp_path: Path) -> None:
     assert read_plain(str(path), ["history"]).equals(rows.select(["history"]))
 
 
-def test_a_corrupt_dropped_count_fails_naming_file_row_and_column(tmp_path: Path) -> None:
+def test_a_corrupt_start_fails_naming_file_row_and_column(tmp_path: Path) -> None:
     rows = random_sessions(np.random.default_rng(3), 64)
     stored = encode_row_group(rows, ["history"])
-    dropped = stored.column("history__dropped").to_numpy().copy()
-    dropped[5] += 100  # drops more ids than the session holds
-    i = stored.schema.get_field_index("history__dropped")
-    bad = stored.set_column(i, "history__dropped", pa.array(dropped, pa.int32()))
-    with pytest.raises(BadRowError, match=r"f\.parquet: row 15: field 'history__dropped'"):
+    starts = stored.column("history__start").to_numpy().copy()
+    starts[5] += 1000  # past the end of its own ids
+    i = stored.schema.get_field_index("history__start")
+    bad = stored.set_column(i, "history__start", pa.array(starts, pa.int32()))
+    with pytest.raises(BadRowError, match=r"f\.parquet: row 15: field 'history__start'"):
         stack_unit(bad, ["history"], ["history"], path="f.parquet", first_row=10)
 
 
