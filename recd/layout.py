@@ -38,8 +38,8 @@ stored whole, so any row group decodes on its own and whole sessions can be reor
 each row it stores the fewest new ids among small shifts of the previous list
 (``MAX_SHIFT``); anything else is stored whole, which is always exact. Which features to
 encode: by default those whose stored ids are at most ``MAX_STORED_FRACTION`` of their ids
-on the ETL's sample (:func:`stored_fractions`); a feature that changes on every row would
-only pay for its ``__start`` column.
+on the ETL's sample (:func:`stored_fractions`) and whose encoded columns are not more than
+5% larger than the plain one there (:func:`choose_encoded`).
 
 Plain Parquet readers are not misled: column ``f`` does not exist in a dedup file (reading it
 fails), and the schema metadata carries ``recd.layout``. recd's readers read both layouts,
@@ -53,11 +53,12 @@ that share a suffix with the previous row's.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from recd.errors import SchemaError
 from recd.schema import SESSION_ID
@@ -69,7 +70,12 @@ NEW_IDS_SUFFIX = "__new_ids"
 START_SUFFIX = "__start"
 MAX_STORED_FRACTION = 0.8
 """Default feature choice: encode a feature whose stored ids are at most this fraction of its
-ids on the ETL's sample."""
+ids on the ETL's sample..."""
+MAX_SIZE_RATIO = 1.05
+"""...and whose encoded columns take at most this many times the plain column's bytes there:
+encoded, its IKJTs need no hashing, which is worth a few percent of its bytes (a session-
+constant short list is about as small plain: zstd removes runs of equal lists almost for
+free), but not a fifth more."""
 MAX_SHIFT = 4
 """Besides the smallest shift the lengths allow, the writer tries this many more dropped ids
 (two events appended at once to a full history need a shift of 2): rows that match none are
@@ -182,7 +188,17 @@ def encode_list(
             kept = kept[kept > 0]
             if test.size == 0:
                 break
-            match = _suffix_matches(offsets, values, test, kept, prev_len[test])
+            # Row i's first ``kept`` ids against the ``kept`` ids just before them (the end of
+            # row i - 1). Their first and last ids first: most rows that differ are out
+            # before their whole lists are compared.
+            starts = offsets[test]
+            ends = starts + kept - 1
+            likely = (values[starts] == values[starts - kept]) & (
+                values[ends] == values[ends - kept]
+            )
+            match = np.zeros(test.size, dtype=bool)
+            if likely.any():
+                match[likely] = _suffix_matches(values, starts[likely], kept[likely])
             added[test[match]] = base[test[match]] + shift
             open_rows = test[~match]
         # Rows whose lengths leave nothing to share (kept == 0) stay whole; so do the rest.
@@ -194,21 +210,27 @@ def encode_list(
     return new_offsets, values[index], new_offsets[1:] - lengths
 
 
-def _suffix_matches(
-    offsets: np.ndarray,
-    values: np.ndarray,
-    rows: np.ndarray,
-    kept: np.ndarray,
-    prev_len: np.ndarray,
-) -> np.ndarray:
-    """(len(rows),) bool: row r's first ``kept`` ids equal the last ``kept`` ids of row r-1."""
-    total = int(kept.sum())
-    owner = np.repeat(np.arange(rows.size), kept)
-    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(kept) - kept, kept)
-    mine = values[offsets[rows][owner] + within]
-    theirs = values[(offsets[rows - 1] + prev_len - kept)[owner] + within]
-    differ = np.bincount(owner, weights=mine != theirs, minlength=rows.size)
-    return differ == 0
+def _suffix_matches(values: np.ndarray, starts: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    """(len(starts),) bool: the ``kept`` (> 0) ids from ``starts`` equal the ``kept`` ids just
+    before them (the first ids of a row against the last ids of the row before it).
+
+    One ``memcmp`` per row (Arrow's ``equal`` on binary values) over zero-copy views of
+    ``values``: the windows of either side are disjoint and increasing (``starts`` increase
+    and a window never reaches before the previous tested row's start), so each side is one
+    ``large_binary`` array whose odd elements are the windows and whose even ones the gaps.
+    """
+    data = pa.py_buffer(np.ascontiguousarray(values, dtype=np.int64))
+
+    def windows(lo: np.ndarray) -> pa.Array:
+        bounds = np.zeros(2 * lo.size + 1, dtype=np.int64)
+        bounds[1::2] = lo * 8
+        bounds[2::2] = (lo + kept) * 8
+        return pa.Array.from_buffers(
+            pa.large_binary(), 2 * lo.size, [None, pa.py_buffer(bounds), data]
+        )
+
+    equal = pc.equal(windows(starts), windows(starts - kept))
+    return equal.to_numpy(zero_copy_only=False)[1::2]
 
 
 def encode_row_group(
@@ -255,16 +277,60 @@ def stored_fractions(table: pa.Table, features: Sequence[str]) -> dict[str, floa
 
 
 def choose_encoded(
-    sample: pa.Table, candidates: Sequence[str], *, listed: bool
+    sample: pa.Table,
+    candidates: Sequence[str],
+    *,
+    listed: bool,
+    sizes: Callable[[pa.Table], dict[str, int]] | None = None,
 ) -> tuple[list[str], dict[str, float]]:
     """(features to encode, stored fraction of each candidate) on the ETL's sample (clustered
-    rows): every candidate when the user ``listed`` them, else those storing at most
-    ``MAX_STORED_FRACTION`` of their ids."""
+    rows, ``session_id`` included): every candidate when the user ``listed`` them; else those
+    storing at most ``MAX_STORED_FRACTION`` of their ids whose encoded columns take at most
+    ``MAX_SIZE_RATIO`` times their plain column's bytes, as ``sizes`` (compressed bytes per
+    column of a table, the ETL's own encoding trial) measures them."""
     if not candidates:
         return [], {}
     fractions = stored_fractions(sample, candidates)
-    chosen = [f for f in candidates if listed or fractions[f] <= MAX_STORED_FRACTION]
+    if listed:
+        return list(candidates), fractions
+    chosen = [f for f in candidates if fractions[f] <= MAX_STORED_FRACTION]
+    if chosen and sizes is not None:
+        encoded_rows = encode_row_group(sample.select([SESSION_ID, *chosen]), chosen)
+        plain = sizes(sample.select(chosen))
+        encoded = sizes(encoded_rows)
+        kept: list[str] = []
+        # Features that change on the same rows (a session's static features) are decided
+        # together, so a reader's group of them is either all encoded or all plain.
+        for block in _synchronised(encoded_rows, chosen):
+            size = sum(encoded[new_ids_column(f)] + encoded[start_column(f)] for f in block)
+            if size <= MAX_SIZE_RATIO * sum(plain[f] for f in block):
+                kept += block
+        chosen = [f for f in chosen if f in kept]
     return chosen, fractions
+
+
+def _synchronised(encoded: pa.Table, features: Sequence[str]) -> list[list[str]]:
+    """``features`` in blocks of those whose rows change (append ids or move their start) on
+    exactly the same rows of an encoded table."""
+    blocks: dict[bytes, list[str]] = {}
+    for feature in features:
+        ids = encoded.column(new_ids_column(feature)).combine_chunks()
+        start = encoded.column(start_column(feature)).to_numpy()
+        changed = (np.diff(ids.offsets.to_numpy()) > 0) | np.r_[True, start[1:] != start[:-1]]
+        blocks.setdefault(np.packbits(changed).tobytes(), []).append(feature)
+    return list(blocks.values())
+
+
+def statistics_columns(schema: pa.Schema, encoded: Sequence[str]) -> list[str]:
+    """Parquet leaf paths that keep min/max statistics in a dedup-layout file: every column
+    but the encoded features' (nobody filters on stored ids or positions, and their
+    statistics in every row group's footer cost more than they tell)."""
+    skip = {c for f in encoded for c in (new_ids_column(f), start_column(f))}
+    return [
+        f"{fld.name}.list.element" if pa.types.is_list(fld.type) else fld.name
+        for fld in schema
+        if fld.name not in skip
+    ]
 
 
 def _ids(column: pa.ChunkedArray) -> int:

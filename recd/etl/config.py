@@ -68,9 +68,10 @@ class EtlConfig:
     sliding sparse values stored once (``recd.layout``; docs/layout.md); recd's readers build
     IKJTs from it without hashing."""
     dedup_features: list[str] | None = None
-    """Sparse features the ``dedup`` layout encodes. None: those whose stored ids are at most
-    ``recd.layout.MAX_STORED_FRACTION`` of their ids on the ETL's sample (a feature that
-    changes on every row would only pay for its ``__start`` column)."""
+    """Sparse features the ``dedup`` layout encodes. None: those storing at most
+    ``recd.layout.MAX_STORED_FRACTION`` of their ids on the ETL's sample whose encoded columns
+    take at most ``MAX_SIZE_RATIO`` times the plain column's bytes there (features changing
+    on the same rows decided together; see docs/layout.md)."""
     workers: int | None = None
     """Threads of the local engine (pyarrow's kernels release the GIL). 1: serial. 2 or more:
     a reader thread prepares (decodes, validates, sorts) the next shard-pass while this thread

@@ -66,6 +66,7 @@ the staging directory is removed.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import logging
@@ -99,7 +100,13 @@ from recd.etl.commit import (
     staging_dir,
 )
 from recd.etl.config import EtlConfig, EtlReport, window_of
-from recd.etl.encodings import SAMPLE_MAX_BYTES, SAMPLE_ROWS, EncodingPlan, plan_encodings
+from recd.etl.encodings import (
+    SAMPLE_MAX_BYTES,
+    SAMPLE_ROWS,
+    EncodingPlan,
+    plan_encodings,
+    smallest_bytes,
+)
 from recd.etl.partitions import Partition, hour_ids
 from recd.etl.validate import (
     BlockValidator,
@@ -109,7 +116,7 @@ from recd.etl.validate import (
     frame_content_sizes,
     iter_frames,
 )
-from recd.layout import choose_encoded, dedup_schema, encode_row_group
+from recd.layout import choose_encoded, dedup_schema, encode_row_group, statistics_columns
 from recd.logs.hashing import splitmix64
 from recd.logs.rawlog import MANIFEST_FILE, SHARD_GLOB, read_catalogue
 from recd.progress import progress_bar
@@ -990,7 +997,14 @@ class LocalEtl:
         if self.candidates:  # the columns as the dedup layout writes them
             sample = table.slice(0, SAMPLE_ROWS)
             self.encoded, fractions = choose_encoded(
-                sample, self.candidates, listed=config.dedup_features is not None
+                sample,
+                self.candidates,
+                listed=config.dedup_features is not None,
+                sizes=functools.partial(
+                    smallest_bytes,
+                    zstd_level=config.zstd_level,
+                    row_group_rows=config.row_group_rows,
+                ),
             )
             self.report.encoded_features = list(self.encoded)
             self.report.stored_id_fraction = fractions
@@ -1016,11 +1030,19 @@ class LocalEtl:
                 "compression": "zstd",
                 "compression_level": config.zstd_level,
                 **self.plan.writer_options(),
+                **self._statistics(),
             },
             max_open_files=MAX_OPEN_FILES,
             encoded=self.encoded,
         )
         return self.writers
+
+    def _statistics(self) -> dict[str, Any]:
+        """Writer option: no min/max statistics for the dedup layout's encoded columns."""
+        if not self.encoded:
+            return {}
+        schema = dedup_schema(strict_schema(self.schema), self.encoded)
+        return {"write_statistics": statistics_columns(schema, self.encoded)}
 
     def _sample_bytes(self) -> int:
         budget = self.config.memory_budget_bytes

@@ -89,6 +89,7 @@ and one row group (write); ``memory_budget_bytes`` does not apply (Spark manages
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -147,6 +148,7 @@ from recd.etl.encodings import (
     EncodingPlan,
     column_chunk_bytes,
     plan_encodings,
+    smallest_bytes,
 )
 from recd.etl.local import (
     CLUSTER_KEYS,
@@ -163,7 +165,7 @@ from recd.etl.validate import (
     Quarantine,
     decode_frame,
 )
-from recd.layout import choose_encoded, dedup_schema, encode_row_group
+from recd.layout import choose_encoded, dedup_schema, encode_row_group, statistics_columns
 from recd.logs.rawlog import read_catalogue
 from recd.schema import SESSION_ID, TS, Catalogue
 
@@ -823,7 +825,7 @@ class SparkEtl:
             on_bad_rows=self.config.on_bad_rows,
             row_group_rows=self.config.row_group_rows,
             zstd_level=self.config.zstd_level,
-            writer_options={} if plan is None else plan.writer_options(),
+            writer_options={} if plan is None else {**plan.writer_options(), **self._statistics()},
             encoded=list(self.encoded),
             fail_once_dir=os.environ.get(FAIL_ONCE_ENV) or None,
         )
@@ -866,7 +868,14 @@ class SparkEtl:
         decoded_bytes = sample.nbytes
         if self.candidates:  # the columns as the dedup layout writes them
             self.encoded, fractions = choose_encoded(
-                sample, self.candidates, listed=self.config.dedup_features is not None
+                sample,
+                self.candidates,
+                listed=self.config.dedup_features is not None,
+                sizes=functools.partial(
+                    smallest_bytes,
+                    zstd_level=self.config.zstd_level,
+                    row_group_rows=self.config.row_group_rows,
+                ),
             )
             self.report.encoded_features = list(self.encoded)
             self.report.stored_id_fraction = fractions
@@ -891,6 +900,13 @@ class SparkEtl:
         if decoded_bytes:
             self.parquet_fraction = min(1.0, sum(written.values()) / decoded_bytes)
         return plan
+
+    def _statistics(self) -> dict[str, Any]:
+        """Writer option: no min/max statistics for the dedup layout's encoded columns."""
+        if not self.encoded:
+            return {}
+        schema = dedup_schema(self.catalogue.table_schema(), self.encoded)
+        return {"write_statistics": statistics_columns(schema, self.encoded)}
 
     def _default_partitions(self, units: list[Unit]) -> int:
         """Write tasks for files of about ``target_file_bytes`` (see the module docstring)."""

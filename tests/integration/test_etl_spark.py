@@ -51,7 +51,13 @@ from recd.etl.validate import iter_frames  # noqa: E402
 from recd.layout import layout_of  # noqa: E402
 from recd.layout_read import read_plain  # noqa: E402
 from recd.logs.generate import generate_logs  # noqa: E402
-from recd.logs.rawlog import encode_block, iter_shard, shard_path, write_frame  # noqa: E402
+from recd.logs.rawlog import (  # noqa: E402
+    encode_block,
+    iter_shard,
+    read_catalogue,
+    shard_path,
+    write_frame,
+)
 from recd.logs.shard import shard_logs  # noqa: E402
 from recd.schema import (  # noqa: E402
     REQUEST_ID,
@@ -236,19 +242,21 @@ def test_dedup_layout_holds_the_local_engines_rows(
     local_clustered: tuple[Path, EtlReport],
 ) -> None:
     local_plain, _ = local_clustered
-    local = run_etl(config(shards, tmp_path / "local", row_group_rows=50, layout="dedup"))
+    every = read_catalogue(shards).sparse_names
+    options: dict[str, Any] = {"row_group_rows": 50, "layout": "dedup", "dedup_features": every}
+    local = run_etl(config(shards, tmp_path / "local", **options))
     report = run_spark_etl(
-        config(shards, tmp_path / "spark", row_group_rows=50, layout="dedup"),
+        config(shards, tmp_path / "spark", **options),
         spark=spark,
         unit_bytes=UNIT_BYTES,
         output_partitions=2,
     )
-    # The same sample chooses the same features; the files differ (Spark writes one file per
+    # The same sample, the same measured fractions; the files differ (Spark writes one file per
     # task and hour, so its row groups, where sequences restart, fall elsewhere): the rows
     # they decode to are the same, and the same as the plain table's.
     assert report.layout == local.layout == "dedup"
-    assert report.encoded_features == local.encoded_features
-    assert report.encoded_features and report.stored_id_fraction == local.stored_id_fraction
+    assert report.encoded_features == local.encoded_features == every
+    assert report.stored_id_fraction == local.stored_id_fraction
     expected = all_rows(local_plain)
     assert plain_rows(tmp_path / "spark").equals(expected)
     assert plain_rows(tmp_path / "local").equals(expected)

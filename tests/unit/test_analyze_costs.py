@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from recd.analyze import (
@@ -22,6 +23,7 @@ from recd.analyze import (
 )
 from recd.cli import analyze as analyze_cli
 from recd.errors import ConfigError
+from recd.layout import dedup_schema, encode_row_group
 from recd.reader import ReaderConfig
 from recd.reader.dataset import iter_batches
 from recd.schema import Catalogue, SparseFeature
@@ -148,6 +150,22 @@ def test_single_length_one_feature_is_refused_even_when_timing_says_it_pays(
     (group,) = a.groups
     assert group.expected_saving_ms_per_1k == pytest.approx(5.0)
     assert a.reader_ms_per_1k == pytest.approx({"plain": 10.0, "proposed": 5.0})
+
+
+def test_a_one_id_feature_stored_in_the_dedup_layout_is_decided_by_its_timing(
+    tmp_path: Path,
+) -> None:
+    # Read from the dedup layout its IKJT needs no hashing: the one-id rule does not apply.
+    rows = short_table()
+    schema = dedup_schema(rows.schema, SHORT.sparse_names)
+    directory = tmp_path / "t" / "ds=2026-11-01" / "hour=00"
+    directory.mkdir(parents=True)
+    with pq.ParquetWriter(directory / "part-0000.parquet", schema) as writer:
+        writer.write_table(encode_row_group(rows, SHORT.sparse_names, schema=schema))
+    (directory / "_SUCCESS").touch()
+    timer = additive_timer(10e-6, {"item": 5e-6, "ctx0": 1e-6})
+    a = analyze_table(tmp_path / "t", batch_size=512, timer=timer)
+    assert a.dedup_sparse_features == [["item"], CONTEXT] and a.rejected == []
 
 
 def test_backward_elimination_keeps_groups_that_pay_together() -> None:

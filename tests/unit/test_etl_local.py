@@ -453,8 +453,10 @@ def test_dedup_layout_decodes_to_the_plain_tables_rows_under_a_memory_budget(
         "target_file_bytes": 5_000,
     }
     plain = etl(shard_dir, tmp_path / "plain", **kwargs)
-    report = etl(shard_dir, tmp_path / "dedup", layout="dedup", **kwargs)
-    assert report.layout == "dedup" and report.encoded_features
+    every = load_catalogue("tiny").sparse_names
+    kwargs_dedup = {**kwargs, "layout": "dedup", "dedup_features": every}
+    report = etl(shard_dir, tmp_path / "dedup", **kwargs_dedup)
+    assert report.layout == "dedup" and report.encoded_features == every
     assert set(report.stored_id_fraction) == set(load_catalogue("tiny").sparse_names)
     assert report.rows_out == plain.rows_out == rows.num_rows
     ours = [
@@ -466,7 +468,7 @@ def test_dedup_layout_decodes_to_the_plain_tables_rows_under_a_memory_budget(
     for (rel, got), (_, _, expected) in zip(ours, theirs, strict=True):
         assert as_nullable(got).equals(expected), rel
     # A re-run writes the same bytes.
-    again = etl(shard_dir, tmp_path / "again", layout="dedup", **kwargs)
+    again = etl(shard_dir, tmp_path / "again", **kwargs_dedup)
     first = read_committed(tmp_path / "dedup", decode=False)
     second = read_committed(tmp_path / "again", decode=False)
     assert again.encoded_features == report.encoded_features

@@ -144,3 +144,31 @@ def test_a_newer_layout_version_is_refused_with_an_upgrade_hint() -> None:
     )
     with pytest.raises(SchemaError, match="upgrade recd"):
         layout_of(schema, source="f.parquet")
+
+
+@pytest.mark.parametrize(("b_encoded", "chosen"), [(104, ["a", "b", "hist"]), (120, ["hist"])])
+def test_synchronised_features_are_chosen_by_their_bytes_together(
+    b_encoded: int, chosen: list[str]
+) -> None:
+    # a and b are session-constant (they change on the same rows): decided as one block.
+    sessions = np.repeat(np.arange(30), 8)
+    rows = pa.table(
+        {
+            "session_id": pa.array(sessions, pa.int64()),
+            "a": pa.array([[int(s)] for s in sessions], LIST),
+            "b": pa.array([[int(s) + 1000] for s in sessions], LIST),
+            "hist": pa.array([list(range(i % 8 + 1)) for i in range(240)], LIST),
+        }
+    )
+
+    def sizes(table: pa.Table) -> dict[str, int]:
+        if "a" in table.column_names:  # plain
+            return {"a": 100, "b": 100, "hist": 1000}
+        encoded = {"a": 100, "b": b_encoded, "hist": 100}
+        return {
+            c: encoded[c.split("__")[0]] if c.endswith("__new_ids") else 0
+            for c in table.column_names
+        }
+
+    got, fractions = choose_encoded(rows, ["a", "b", "hist"], listed=False, sizes=sizes)
+    assert got == chosen and set(fractions) == {"a", "b", "hist"}

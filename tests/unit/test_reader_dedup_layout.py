@@ -31,14 +31,20 @@ def tables(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     generate_logs(catalogue, root / "raw", seed=5, rows=6000, show_progress=False)
     shard_logs(root / "raw", root / "shards", key="session", num_shards=2, show_progress=False)
     out = {}
-    for layout in ("plain", "dedup"):
-        out[layout] = root / layout
+    every = catalogue.sparse_names  # listed: every feature encoded, whatever its bytes
+    for name, layout, listed in (
+        ("plain", "plain", None),
+        ("dedup", "dedup", every),
+        ("default", "dedup", None),
+    ):
+        out[name] = root / name
         run_etl(
             EtlConfig(
                 shard_dir=root / "shards",
-                table_dir=out[layout],
+                table_dir=out[name],
                 row_group_rows=97,  # row groups cut sessions
                 layout=layout,
+                dedup_features=listed,
                 show_progress=False,
             )
         )
@@ -90,12 +96,16 @@ def forbid_hashing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(recd.convert, "find_distinct_stacked", refuse)
 
 
-def test_the_etl_encodes_repeating_features_and_keeps_fresh_ones_plain(
-    tables: dict[str, Path],
-) -> None:
+def test_the_etl_encodes_what_it_is_told_or_what_pays(tables: dict[str, Path]) -> None:
     plan = build_plan(ReaderConfig(table=str(tables["dedup"])))
-    assert set(plan.encoded) >= {"history_items", "history_event_types", "item_id"}
+    assert plan.encoded == load_catalogue("clickstream").sparse_names
     assert all(u.encoded for u in plan.units)
+    # By default: the sliding histories (about an id per row instead of 13); the short
+    # session-constant context features are smaller plain (zstd removes their runs).
+    default = build_plan(ReaderConfig(table=str(tables["default"])))
+    assert {"history_items", "history_event_types"} <= set(default.encoded)
+    assert not any(f.startswith("user_context") for f in default.encoded)
+    assert_same(read(tables["default"]), read(tables["plain"]))
     assert plan.num_rows == build_plan(ReaderConfig(table=str(tables["plain"]))).num_rows
     assert build_plan(ReaderConfig(table=str(tables["plain"]))).encoded == []
 
