@@ -177,12 +177,15 @@ def convert_sparse(
     encoded = set(stacked.features) if stacked is not None else set()
 
     def read(names: list[str]) -> JaggedColumn:
-        if stacked is not None and encoded.issuperset(names):  # one gather, no second lookup
-            lengths, values = gather(stacked, stacked.index(names))
-            offsets = np.zeros(lengths.size + 1, dtype=np.int64)
-            np.cumsum(lengths, out=offsets[1:])
-            return JaggedColumn(offsets=offsets, values=values)
-        return read_stacked_columns(batch, names, source=source, row_offset=row_offset)
+        mine = [n for n in names if n in encoded]
+        if stacked is None or not mine:
+            return read_stacked_columns(batch, names, source=source, row_offset=row_offset)
+        gathered = _jagged(*gather(stacked, stacked.index(mine)))  # one gather
+        if len(mine) == len(names):
+            return gathered
+        rest = [n for n in names if n not in encoded]  # one Arrow concat
+        plain_part = read_stacked_columns(batch, rest, source=source, row_offset=row_offset)
+        return _interleave(names, (mine, gathered), (rest, plain_part), batch_size=b)
 
     ikjts = []
     for group in spec.dedup_sparse_features:
@@ -195,6 +198,27 @@ def convert_sparse(
         kjt=_plain_kjt(read(plain), plain, b) if plain else None,
         ikjts=ikjts,
     )
+
+
+def _jagged(lengths: np.ndarray, values: np.ndarray) -> JaggedColumn:
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return JaggedColumn(offsets=offsets, values=values)
+
+
+def _interleave(
+    names: list[str], *parts: tuple[list[str], JaggedColumn], batch_size: int
+) -> JaggedColumn:
+    """Key-major columns of several key subsets merged into the key order of ``names``: each
+    key's rows are one contiguous block of its part, so this is one copy of the ids."""
+    where = {name: (keys.index(name), column) for keys, column in parts for name in keys}
+    lengths, values = [], []
+    for name in names:
+        k, (offsets, ids) = where[name]
+        lo, hi = k * batch_size, (k + 1) * batch_size
+        lengths.append(np.diff(offsets[lo : hi + 1]))
+        values.append(ids[int(offsets[lo]) : int(offsets[hi])])
+    return _jagged(np.concatenate(lengths), np.concatenate(values))
 
 
 def ikjt_from_stacked_layout(stacked: Stacked, keys: list[str]) -> InverseKeyedJaggedTensor:

@@ -106,6 +106,9 @@ def test_the_etl_encodes_what_it_is_told_or_what_pays(tables: dict[str, Path]) -
     assert {"history_items", "history_event_types"} <= set(default.encoded)
     assert not any(f.startswith("user_context") for f in default.encoded)
     assert_same(read(tables["default"]), read(tables["plain"]))
+    # one plain KJT of encoded and plain features, in the table's key order
+    no_groups = {"dedup_sparse_features": [], "shuffle": "row_group"}
+    assert_same(read(tables["default"], **no_groups), read(tables["plain"], **no_groups))
     assert plan.num_rows == build_plan(ReaderConfig(table=str(tables["plain"]))).num_rows
     assert build_plan(ReaderConfig(table=str(tables["plain"]))).encoded == []
 
