@@ -183,9 +183,12 @@ def convert_sparse(
         gathered = _jagged(*gather(stacked, stacked.index(mine)))  # one gather
         if len(mine) == len(names):
             return gathered
-        rest = [n for n in names if n not in encoded]  # one Arrow concat
-        plain_part = read_stacked_columns(batch, rest, source=source, row_offset=row_offset)
-        return _interleave(names, (mine, gathered), (rest, plain_part), batch_size=b)
+        plain_parts = {  # zero-copy views of the batch's own list columns
+            n: read_list_column(batch, n, source=source, row_offset=row_offset)
+            for n in names
+            if n not in encoded
+        }
+        return _interleave(names, mine, gathered, plain_parts, batch_size=b)
 
     ikjts = []
     for group in spec.dedup_sparse_features:
@@ -207,17 +210,26 @@ def _jagged(lengths: np.ndarray, values: np.ndarray) -> JaggedColumn:
 
 
 def _interleave(
-    names: list[str], *parts: tuple[list[str], JaggedColumn], batch_size: int
+    names: list[str],
+    gathered_keys: list[str],
+    gathered: JaggedColumn,
+    plain: dict[str, JaggedColumn],
+    *,
+    batch_size: int,
 ) -> JaggedColumn:
-    """Key-major columns of several key subsets merged into the key order of ``names``: each
-    key's rows are one contiguous block of its part, so this is one copy of the ids."""
-    where = {name: (keys.index(name), column) for keys, column in parts for name in keys}
+    """The key-major column of ``names`` from the gathered keys' column and the others'
+    single columns: one concatenation of per-key slices (the plain ids are copied once)."""
     lengths, values = [], []
     for name in names:
-        k, (offsets, ids) = where[name]
+        if name in plain:
+            offsets, ids = plain[name]
+            lengths.append(np.diff(offsets))
+            values.append(ids[int(offsets[0]) : int(offsets[-1])])
+            continue
+        k = gathered_keys.index(name)
         lo, hi = k * batch_size, (k + 1) * batch_size
-        lengths.append(np.diff(offsets[lo : hi + 1]))
-        values.append(ids[int(offsets[lo]) : int(offsets[hi])])
+        lengths.append(np.diff(gathered.offsets[lo : hi + 1]))
+        values.append(gathered.values[int(gathered.offsets[lo]) : int(gathered.offsets[hi])])
     return _jagged(np.concatenate(lengths), np.concatenate(values))
 
 
