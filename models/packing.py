@@ -18,7 +18,7 @@ expansion reads is < D, so the empty rows never reach the model.
 
 Why not torchrec's variable-batch KJT (``inverse_indices``)? It is exact unsharded, but fails
 with row-wise sharding under gloo and with the dense kernel, and its metadata cost grows with
-the number of bags (measured, issue 4); the padded packing works with every kernel and plan.
+the number of bags (measured when the trainer was built); the padded packing works with every kernel and plan.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@
 - ``sidecars``: ``.loss.json`` (append-only JSON Lines), ``.samples.json``, ``.state.json``,
   pivot archive and fork.
 
-Spec: ``shared/specs/checkpoint.md``.
+Formats: the file in :mod:`recd.checkpoint.format`, the run directory and its sidecars in
+:mod:`recd.checkpoint.sidecars` and :mod:`recd.train.checkpointing`.
 """
 
 from recd.checkpoint.atomic import (

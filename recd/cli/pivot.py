@@ -4,7 +4,7 @@
 
     recd pivot RUN_DIR --config NEW.toml [--from CKPT|STEP] [--steps N] [--nproc N] [--no-train]
 
-The pivot sequence of ``shared/specs/checkpoint.md``:
+The pivot sequence (run directory: :mod:`recd.train.checkpointing`):
 
 1. ``kill -USR1 <trainer>`` (checkpoint at the end of the step in flight, training goes on)
    or ``kill -TERM <trainer>`` (checkpoint, then exit 0);

@@ -6,7 +6,7 @@
   torchrec's unsharded EBC/EC): :class:`~recd.optim.lazy_adam.LazyAdam`, fbgemm's fused-ADAM
   semantics on the touched rows only (on GPU a sharded model uses fbgemm's fused ADAM itself).
 
-The checkpoint (``shared/specs/checkpoint.md``) stores weights, Adam m and Adam v of every
+The checkpoint (:mod:`recd.checkpoint.format`) stores weights, Adam m and Adam v of every
 parameter, flattened in the logical model's ``named_parameters()`` order, plus the step: that
 order is the order this class keeps (``names``), and :meth:`ModelAdam.export_state` /
 :meth:`ModelAdam.load_state` move those three regions in and out (``ParamLayout`` from

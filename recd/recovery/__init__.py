@@ -1,4 +1,4 @@
-"""Failure recovery (SwIFT, ``shared/specs/recovery.md``).
+"""Failure recovery (SwIFT: survivors keep their state, a replacement rank loads it).
 
 - :mod:`recd.recovery.undo`: update-undo: :func:`step_with_undo` / :class:`UndoLog` capture
   an optimizer step, :func:`undo_step` takes it back bit-exactly (Adam, AdamW, LazyAdam rows,

@@ -19,7 +19,7 @@ processes are polled for their pids, so the recovery splits into (:class:`Elasti
   re-runs its rendezvous);
 - ``startup``: until rank 0 logged ``resumed from`` / ``resume:`` (interpreter
   start, imports, process group rendezvous, model and DMP build, checkpoint load: the trainer
-  logs no finer mark, see the report of issue 6);
+  logs no finer mark);
 - ``first_step``: until the first step after the resume was logged;
 - ``replay``: until the step logged last before the kill was logged again (lost work);
 - ``total``: the kill until then.

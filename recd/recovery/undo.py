@@ -1,7 +1,7 @@
 """Update-undo: take back an applied optimizer step, bit-exactly, without a snapshot (SwIFT).
 
 Why. When a data-parallel rank dies, the survivors' replicas of the dense parameters are the
-recovery source (``shared/specs/recovery.md``), but only if they agree: a survivor may have
+recovery source, but only if they agree: a survivor may have
 applied the step the dead rank never finished. SwIFT's answer is to *undo* that step: Adam and
 SGD are element-wise adds and scalar multiplies, invertible given a little extra state, so no
 per-step snapshot (CheckFreq, Elastic Horovod: 12 bytes per parameter for w, m, v, copied

@@ -1,1 +1,1 @@
-"""The trainer (issue 4): models from :mod:`models`, Adam from :mod:`recd.optim`."""
+"""The trainer: models from :mod:`models`, Adam from :mod:`recd.optim`."""

@@ -1,7 +1,7 @@
 """Checkpointing a training run: cadence, signals, background writes, sidecars, resume, pivot.
 
 :class:`Checkpointer` is the trainer's :class:`recd.train.loop.StepHook` for the run
-directory of ``shared/specs/checkpoint.md`` (``[checkpoint] dir``, default ``train.run_dir``)::
+directory (``[checkpoint] dir``, default ``train.run_dir``)::
 
     step_NNNNNN.bin   the logical model: weights, Adam m, Adam v (recd.checkpoint.format)
     _layout.json      its parameter order (recd.train.sharding.logical_layout)

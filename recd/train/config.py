@@ -286,7 +286,7 @@ class CheckpointSection:
     """The ``[checkpoint]`` table: cadence, retention and where the run directory is.
 
     The run directory (``dir``) holds ``step_NNNNNN.bin``, ``_layout.json`` and the three
-    sidecars ``.loss.json``, ``.samples.json``, ``.state.json`` (``shared/specs/checkpoint.md``).
+    sidecars ``.loss.json``, ``.samples.json``, ``.state.json`` (:mod:`recd.train.checkpointing`).
     """
 
     enabled: bool = True

@@ -37,7 +37,7 @@ up are updated; m and v per element; bias correction with the global step):
   sparse gradients (averaged on the training thread by :mod:`recd.train.data_parallel`'s comm
   hook, not by gloo's asynchronous sparse all-reduce; their indices are the global batch's rows) and
   updated by :class:`recd.optim.LazyAdam`: torchrec's dense kernel sum-pools an
-  ``EmbeddingCollection`` on CPU instead of returning per-position embeddings (issue 4).
+  ``EmbeddingCollection`` on CPU instead of returning per-position embeddings.
 
 Dense parameters use ``torch.optim.Adam`` through :class:`recd.optim.ModelAdam`, with the
 same step counter as the tables. Call ``step()`` after every training forward + backward: a
@@ -59,7 +59,7 @@ route 0.79 s/step; DENSE kernel + ``torch.optim.Adam`` over every local row 3.1 
 Adam). Most of this route's time is fbgemm's dense backward, which writes a gradient the size
 of the local shard every step (~0.33 s); the row-sparse update itself is ~0.06-0.1 s.
 
-State in the logical order (checkpoint, ``shared/specs/checkpoint.md``): the checkpoint holds
+State in the logical order (checkpoint, :mod:`recd.checkpoint.format`): the checkpoint holds
 the *unsharded* model's parameters in ``DLRM.named_parameters()`` order
 (:func:`logical_layout`). :meth:`ShardedAdam.local_shards` lists, in that order, the block of
 every parameter this rank holds (rows ``[row_start, row_end)``, columns ``[col_start,
