@@ -695,6 +695,10 @@ def fmt_ratio(block: dict[str, Any], key: str) -> str:
     return f"**{value:.2f}x**{paired}"
 
 
+def fmt_bold_ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"**{value:.2f}x**"
+
+
 def fmt_flag(value: bool | None) -> str:
     return "n/a" if value is None else ("yes" if value else "no")
 
@@ -734,9 +738,7 @@ def profile_rows(b: dict[str, Any]) -> list[tuple[str, str]]:
         ),
         (
             "**table_compression_ratio** (baseline / clustered)",
-            "n/a"
-            if b["table_compression_ratio"] is None
-            else f"**{b['table_compression_ratio']:.2f}x**",
+            fmt_bold_ratio(b["table_compression_ratio"]),
         ),
         (
             "table, dedup layout (`--layout dedup`)",
@@ -744,9 +746,7 @@ def profile_rows(b: dict[str, Any]) -> list[tuple[str, str]]:
         ),
         (
             "**table_ratio_dedup_layout** (baseline / dedup layout)",
-            "n/a"
-            if b["table_ratio_dedup_layout"] is None
-            else f"**{b['table_ratio_dedup_layout']:.2f}x**",
+            fmt_bold_ratio(b["table_ratio_dedup_layout"]),
         ),
         (
             "bound: baseline / the dedup table's non-sparse columns and footers",

@@ -177,18 +177,9 @@ def convert_sparse(
     encoded = set(stacked.features) if stacked is not None else set()
 
     def read(names: list[str]) -> JaggedColumn:
-        mine = [n for n in names if n in encoded]
-        if stacked is None or not mine:
-            return read_stacked_columns(batch, names, source=source, row_offset=row_offset)
-        gathered = _jagged(*gather(stacked, stacked.index(mine)))  # one gather
-        if len(mine) == len(names):
-            return gathered
-        plain_parts = {  # zero-copy views of the batch's own list columns
-            n: read_list_column(batch, n, source=source, row_offset=row_offset)
-            for n in names
-            if n not in encoded
-        }
-        return _interleave(names, mine, gathered, plain_parts, batch_size=b)
+        return read_stacked_columns(
+            batch, names, source=source, row_offset=row_offset, stacked=stacked
+        )
 
     ikjts = []
     for group in spec.dedup_sparse_features:
@@ -201,36 +192,6 @@ def convert_sparse(
         kjt=_plain_kjt(read(plain), plain, b) if plain else None,
         ikjts=ikjts,
     )
-
-
-def _jagged(lengths: np.ndarray, values: np.ndarray) -> JaggedColumn:
-    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    return JaggedColumn(offsets=offsets, values=values)
-
-
-def _interleave(
-    names: list[str],
-    gathered_keys: list[str],
-    gathered: JaggedColumn,
-    plain: dict[str, JaggedColumn],
-    *,
-    batch_size: int,
-) -> JaggedColumn:
-    """The key-major column of ``names`` from the gathered keys' column and the others'
-    single columns: one concatenation of per-key slices (the plain ids are copied once)."""
-    lengths, values = [], []
-    for name in names:
-        if name in plain:
-            offsets, ids = plain[name]
-            lengths.append(np.diff(offsets))
-            values.append(ids[int(offsets[0]) : int(offsets[-1])])
-            continue
-        k = gathered_keys.index(name)
-        lo, hi = k * batch_size, (k + 1) * batch_size
-        lengths.append(np.diff(gathered.offsets[lo : hi + 1]))
-        values.append(gathered.values[int(gathered.offsets[lo]) : int(gathered.offsets[hi])])
-    return _jagged(np.concatenate(lengths), np.concatenate(values))
 
 
 def ikjt_from_stacked_layout(stacked: Stacked, keys: list[str]) -> InverseKeyedJaggedTensor:

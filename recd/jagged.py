@@ -38,7 +38,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recd.errors import SchemaError
-from recd.layout_read import gather, read_stacked
+from recd.layout import range_index
+from recd.layout_read import Stacked, gather, read_stacked
 
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -149,7 +150,12 @@ def read_list_column(
 
 
 def read_stacked_columns(
-    batch: RecordBatchLike, names: Sequence[str], *, source: str, row_offset: int = 0
+    batch: RecordBatchLike,
+    names: Sequence[str],
+    *,
+    source: str,
+    row_offset: int = 0,
+    stacked: Stacked | None = None,
 ) -> JaggedColumn:
     """Several ``list<int64>`` columns of a batch stacked key-major (like ``stack_columns`` of
     their ``read_list_column``), in one Arrow ``concat_arrays`` call.
@@ -159,39 +165,45 @@ def read_stacked_columns(
     operations per column. Anything else (another type, a null, an overflow) takes the
     per-column path, which converts what can be converted and raises what
     ``read_list_column`` raises, naming the column and row. Features a batch holds stacked
-    (the dedup layout, ``recd.layout_read``) are gathered to their plain rows.
+    (the dedup layout, ``recd.layout_read``; ``stacked``: already read) are gathered to their
+    plain rows, all in one gather; the others' ids are then copied once beside them.
     """
-    schema = batch.schema
-    absent = any(schema.get_field_index(name) < 0 for name in names)
-    stacked = read_stacked(batch) if absent else None  # a stacked feature has no column
-    if stacked is not None and any(name in stacked.features for name in names):
-        if all(name in stacked.features for name in names):
-            return _jagged(*gather(stacked, stacked.index(names)))
-        return stack_columns(
-            [
-                _jagged(*gather(stacked, stacked.index([name])))
-                if name in stacked.features
-                else read_list_column(batch, name, source=source, row_offset=row_offset)
-                for name in names
-            ]
-        )
+    if stacked is None and any(batch.schema.get_field_index(n) < 0 for n in names):
+        stacked = read_stacked(batch)  # a stacked feature has no column of its own
+    mine = [n for n in names if n in stacked.features] if stacked is not None else []
+    if stacked is not None and mine:
+        gathered = jagged_from_lengths(*gather(stacked, stacked.index(mine)))
+        if len(mine) == len(names):
+            return gathered
+        b = batch.num_rows
+        columns = []  # in ``names`` order: zero-copy views of the gathered block, or the batch's
+        for n in names:
+            if n in mine:
+                k = mine.index(n)
+                columns.append(
+                    JaggedColumn(gathered.offsets[k * b : (k + 1) * b + 1], gathered.values)
+                )
+            else:
+                columns.append(read_list_column(batch, n, source=source, row_offset=row_offset))
+        return stack_columns(columns)
     arrays = [_chunks(batch, name, source=source, expected="list<int64>") for name in names]
     chunks = [chunk for column in arrays for chunk in column]
     if len(chunks) > 1 and all(c.type.equals(SPARSE_TYPE) for c in chunks):
         try:
-            stacked = pa.concat_arrays(chunks)
+            joined = pa.concat_arrays(chunks)
         except pa.ArrowInvalid:  # more ids than int32 list offsets can address
-            stacked = None
-        if stacked is not None and stacked.null_count == 0 and stacked.values.null_count == 0:
-            offsets = stacked.offsets.to_numpy().astype(np.int64)
-            values = stacked.values.to_numpy(zero_copy_only=True)
+            joined = None
+        if joined is not None and joined.null_count == 0 and joined.values.null_count == 0:
+            offsets = joined.offsets.to_numpy().astype(np.int64)
+            values = joined.values.to_numpy(zero_copy_only=True)
             return JaggedColumn(offsets=offsets, values=values)
     return stack_columns(
         [read_list_column(batch, n, source=source, row_offset=row_offset) for n in names]
     )
 
 
-def _jagged(lengths: np.ndarray, values: np.ndarray) -> JaggedColumn:
+def jagged_from_lengths(lengths: np.ndarray, values: np.ndarray) -> JaggedColumn:
+    """The column of rows of ``lengths`` holding ``values`` in order."""
     offsets = np.zeros(lengths.size + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     return JaggedColumn(offsets=offsets, values=values)
@@ -351,10 +363,4 @@ def gather_rows(
     """Ids of ``rows`` of a column, concatenated: (sum of their lengths,) int64 (into ``out``)."""
     offsets, values = column
     starts = offsets[rows]
-    lengths = offsets[rows + 1] - starts
-    # Output position p of row r (starting at out_start[r]) reads input position
-    # p + starts[r] - out_start[r]: one repeat of that shift per row, plus arange.
-    out_start = np.cumsum(lengths) - lengths
-    index = np.repeat(starts - out_start, lengths)
-    index += np.arange(index.size, dtype=index.dtype)
-    return np.take(values, index, out=out)
+    return np.take(values, range_index(starts, offsets[rows + 1] - starts), out=out)

@@ -204,10 +204,18 @@ def encode_list(
         # Rows whose lengths leave nothing to share (kept == 0) stay whole; so do the rest.
     new_offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(added, out=new_offsets[1:])
-    starts = offsets[1:] - added
-    index = np.repeat(starts - new_offsets[:-1], added)
+    new_values = values[range_index(offsets[1:] - added, added)]  # each row's last ``added``
+    return new_offsets, new_values, new_offsets[1:] - lengths
+
+
+def range_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Positions ``starts[r] .. starts[r] + lengths[r] - 1`` of every r, concatenated (int64):
+    output position p of range r reads ``p + starts[r] - out_start[r]``, one repeat of that
+    shift per range plus an arange."""
+    out_start = np.cumsum(lengths, dtype=np.int64) - lengths
+    index = np.repeat(starts.astype(np.int64) - out_start, lengths)
     index += np.arange(index.size, dtype=np.int64)
-    return new_offsets, values[index], new_offsets[1:] - lengths
+    return index
 
 
 def _suffix_matches(values: np.ndarray, starts: np.ndarray, kept: np.ndarray) -> np.ndarray:

@@ -44,6 +44,7 @@ from recd.layout import (
     Layout,
     layout_of,
     new_ids_column,
+    range_index,
     start_column,
 )
 
@@ -245,7 +246,7 @@ def gather(
     if len(picks) == 1:
         buffer, s, n = picks[0]
         lengths = n.reshape(-1).astype(np.int64)
-        return lengths, buffer[_range_index(s.reshape(-1), lengths)]
+        return lengths, buffer[range_index(s.reshape(-1), lengths)]
     lengths = np.concatenate([n for _, _, n in picks], axis=1).reshape(-1).astype(np.int64)
     out_starts = (np.cumsum(lengths) - lengths).reshape(len(keys), -1)
     values = np.empty(int(lengths.sum()), dtype=np.int64)
@@ -254,17 +255,9 @@ def gather(
         m = s.shape[1]
         part_lengths = n.reshape(-1).astype(np.int64)
         dest = out_starts[:, column : column + m].reshape(-1)
-        values[_range_index(dest, part_lengths)] = buffer[_range_index(s.reshape(-1), part_lengths)]
+        values[range_index(dest, part_lengths)] = buffer[range_index(s.reshape(-1), part_lengths)]
         column += m
     return lengths, values
-
-
-def _range_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Positions ``starts[r] .. starts[r] + lengths[r] - 1`` of every r, concatenated."""
-    out_start = np.cumsum(lengths, dtype=np.int64) - lengths
-    index = np.repeat(starts.astype(np.int64) - out_start, lengths)
-    index += np.arange(index.size, dtype=np.int64)
-    return index
 
 
 # ------------------------------------------------------------------------- whole files

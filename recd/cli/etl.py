@@ -9,11 +9,11 @@ from recd.etl.config import (
     DEFAULT_TARGET_FILE_BYTES,
     DICTIONARY_MODES,
     ENGINES,
-    LAYOUTS,
     ON_BAD_ROWS,
     EtlConfig,
 )
 from recd.etl.local import run_etl
+from recd.layout import LAYOUTS
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -10,12 +10,12 @@ from typing import Any
 
 from recd.errors import ConfigError
 from recd.etl.partitions import MS_PER_HOUR, format_time_ms, parse_time_ms
+from recd.layout import LAYOUTS
 from recd.schema import Catalogue
 
 ENGINES = ("local", "spark")
 DICTIONARY_MODES = ("auto", "all", "none")
 ON_BAD_ROWS = ("fail", "quarantine")
-LAYOUTS = ("plain", "dedup")
 ZSTD_LEVELS = range(1, 23)
 DEFAULT_TARGET_FILE_BYTES = 256 << 20
 
