@@ -28,16 +28,19 @@ gradients), gathers every rank's reader position and RNG state, and hands the re
 writer thread, which
 
 0. copies weights, m and v into the *file image*: one page-aligned buffer laid out exactly
-   as ``step_k.bin`` (pinned when training on a GPU). This copy overlaps the next step's
-   batch loading, forward and backward passes, which read the parameters but change
-   nothing (``ModelAdam`` updates every parameter, embedding rows included, in ``step()``
-   only: it never fuses the update into the backward pass); the optimizer's next
-   ``step()`` waits until the copy is complete. The image is therefore exactly the state of
-   step k. Measured on the checkpoint benchmark's 10M-parameter DLRM (121.6 MB image):
-   guarding ``step()`` instead of ``zero_grad()`` (before the backward) cut the training
-   thread's wait per checkpoint from 17.8 to a few ms. Several processes (``ShardedAdam``,
-   whose fused tables on a GPU update inside the backward): each rank copies its blocks
-   (``ShardedAdam.export_local``) at the boundary instead;
+   as ``step_k.bin`` (pinned when training on a GPU). This copy overlaps the next steps
+   (:mod:`recd.train.snapshot`): ``ModelAdam`` changes parameters in ``step()`` only (it
+   never fuses the update into the backward pass), so batch loading, forward and backward
+   run alongside it; the next ``step()`` waits (helping) only for the dense parameters'
+   copy, and the embedding tables' copy goes on through as many steps as it takes,
+   copy-on-write by rows: each step hands over the rows it updates as they were before it,
+   and they are written over the image once the bulk copy is done. The image is therefore
+   exactly the state of step k. Measured on the checkpoint benchmark's 10M-parameter DLRM
+   (121.6 MB image): guarding ``step()`` instead of ``zero_grad()`` (before the backward)
+   cut the training thread's wait per checkpoint from 17.8 to ~8 ms, and copy-on-write for
+   the tables to ~1 ms. Several processes (``ShardedAdam``, whose fused tables on a GPU
+   update inside the backward): each rank copies its blocks (``ShardedAdam.export_local``)
+   at the boundary instead;
 
 then, in this order,
 
@@ -158,6 +161,7 @@ from recd.optim import FlatState, ModelAdam
 from recd.train.config import TrainConfig
 from recd.train.metrics import bce_from_logits, roc_auc
 from recd.train.signals import SignalFlags, StepSignals, agree
+from recd.train.snapshot import FillPieces, RowPatches, SnapshotFill, TableViews, cut_pieces
 
 if TYPE_CHECKING:
     from recd.batch import Batch
@@ -222,8 +226,11 @@ class CheckpointStats:
     """Part of ``blocked_s`` the next step's ``optimizer.step()`` waited for the snapshot
     copy (helping with it: see ``pieces_copied_by_training``)."""
     pieces_copied_by_training: int = 0
-    """Pieces of snapshot copies (``FILL_PIECE_ELEMENTS`` each) the training thread copied
-    itself while its ``step()`` waited for them."""
+    """Pieces of the dense parameters' snapshot copies (``FILL_PIECE_ELEMENTS`` each) the
+    training thread copied itself while its ``step()`` waited for them."""
+    rows_saved_by_training: int = 0
+    """Embedding rows the steps that ran during a snapshot copy handed over to it (saved
+    before updating them: copy-on-write, :mod:`recd.train.snapshot`)."""
     write_s: list[float] = field(default_factory=list)
     """Per checkpoint: the background job (sidecars, file, commit, retention)."""
     file_write_s: list[float] = field(default_factory=list)
@@ -318,69 +325,6 @@ WRITE_CHUNK_BYTES = 64 << 20
 """Bytes per write call of the file image (a multiple of IMAGE_ALIGN)."""
 
 
-FILL_PIECE_ELEMENTS = 1 << 20
-"""The snapshot copy is cut into pieces of at most this many elements (4 MiB) so that the
-training thread, once it needs the parameters back, can take a share of what is left."""
-
-
-class FillPieces:
-    """One snapshot copy as a list of (target, source) pieces that two threads share.
-
-    The writer thread takes pieces from the front; a training thread that reaches the next
-    ``optimizer.step()`` before the copy is complete takes pieces from the back instead of
-    waiting idle, so the wait is roughly halved. Each piece is copied exactly once (claims
-    happen under a lock); :meth:`finish` waits for every piece, whoever copies it.
-    """
-
-    def __init__(self, pieces: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        self._pieces = pieces
-        self._lock = threading.Lock()
-        self._front, self._back = 0, len(pieces)
-        self._pending = len(pieces)
-        self._error: BaseException | None = None
-        self.complete = threading.Event()
-        """Set once every piece is copied (or a copy failed)."""
-        self.copied_by_back = 0
-        """Pieces the helping (training) thread copied."""
-        if not pieces:
-            self.complete.set()
-
-    @torch.no_grad()
-    def work(self, *, from_back: bool) -> None:
-        """Copy pieces, from the front or the back, until none is left to claim."""
-        while True:
-            with self._lock:
-                if self._front >= self._back or self._error is not None:
-                    return
-                if from_back:
-                    self._back -= 1
-                    index = self._back
-                    self.copied_by_back += 1
-                else:
-                    index = self._front
-                    self._front += 1
-            target, source = self._pieces[index]
-            try:
-                target.copy_(source)
-            except BaseException as exc:
-                with self._lock:
-                    self._error = exc
-                self.complete.set()
-                raise
-            with self._lock:
-                self._pending -= 1
-                if self._pending == 0:
-                    self.complete.set()
-
-    def finish(self) -> None:
-        """Wait until every piece is copied; raise CheckpointError if a copy failed."""
-        self.complete.wait()
-        if self._error is not None:
-            raise CheckpointError(f"checkpoint snapshot copy failed: {self._error}") from (
-                self._error
-            )
-
-
 class _FileImage:
     """The whole ``step_NNNNNN.bin`` in one page-aligned buffer, reused by every snapshot.
 
@@ -411,32 +355,41 @@ class _FileImage:
         self.tensor = torch.from_numpy(self.regions)
 
     @torch.no_grad()
-    def plan_fill(self, optimizer: ModelAdam, step: int) -> FillPieces | None:
-        """Write the header and return the copy of weights, m and v as :class:`FillPieces`
-        that two threads can share; on a GPU (pinned image, non-blocking device-to-host
+    def plan_fill(self, optimizer: ModelAdam, step: int) -> SnapshotFill | None:
+        """Write the header and return the copy of weights, m and v as a
+        :class:`recd.train.snapshot.SnapshotFill` (dense pieces first, then the embedding
+        tables with their row patches); on a GPU (pinned image, non-blocking device-to-host
         copies) copy everything here and return None."""
         self.image[:HEADER_BYTES] = np.frombuffer(
             pack_header(step, self.layout.n_params), dtype=np.uint8
         )
         moments_m = optimizer.moments("adam_m")
         moments_v = optimizer.moments("adam_v")
-        pieces: list[tuple[torch.Tensor, torch.Tensor]] = []
+        tables = set(optimizer.embedding_names)
+        dense: list[tuple[torch.Tensor, torch.Tensor]] = []
+        bulk: list[tuple[torch.Tensor, torch.Tensor]] = []
+        views: dict[int, TableViews] = {}
         on_gpu = False
         for spec, offset in zip(self.layout.specs, self.layout.offsets, strict=True):
             param = optimizer.params[spec.name]
             on_gpu |= param.is_cuda
-            for row, source in enumerate((param, moments_m[spec.name], moments_v[spec.name])):
-                flat = source.detach().reshape(-1)
-                for start in range(0, spec.numel, FILL_PIECE_ELEMENTS):
-                    end = min(start + FILL_PIECE_ELEMENTS, spec.numel)
-                    target = self.tensor[row, offset + start : offset + end]
-                    pieces.append((target, flat[start:end]))
+            sources = (param, moments_m[spec.name], moments_v[spec.name])
+            targets = [self.tensor[row, offset : offset + spec.numel] for row in range(3)]
+            for target, source in zip(targets, sources, strict=True):
+                (bulk if spec.name in tables else dense).extend(
+                    cut_pieces(target, source.detach().reshape(-1))
+                )
+            if spec.name in tables:
+                w, m, v = (target.view(param.shape) for target in targets)
+                views[id(param)] = (w, m, v)
         if on_gpu:
-            for target, source in pieces:
+            for target, source in dense + bulk:
                 target.copy_(source, non_blocking=self.pin)
             torch.cuda.synchronize()
             return None
-        return FillPieces(pieces)
+        return SnapshotFill(
+            dense=FillPieces(dense), tables=FillPieces(bulk), patches=RowPatches(views)
+        )
 
     def write(self, final: Path) -> Path:
         """Write the image to a temp file beside ``final`` and commit it (atomic, durable)."""
@@ -586,7 +539,7 @@ class Checkpointer:
         self._trainer: Trainer | None = None
         self._layout: ParamLayout | None = None
         self._buffers: _FileImage | None = None
-        self._fill_pieces: FillPieces | None = None
+        self._snapshot_fill: SnapshotFill | None = None
         """The snapshot copy in flight (set by the writer thread once planned)."""
         self._audit_batch: Batch | None = None
         self._state_doc: dict[str, Any] = _empty_state_doc()
@@ -796,9 +749,8 @@ class Checkpointer:
         """Snapshot now, write in the background (every rank, at the same step).
 
         One process, ``background = true``: the copy of weights, m and v into the file image
-        runs on the writer thread too, overlapping the next step's batch loading, forward and
-        backward (which read the parameters but change nothing: ``ModelAdam`` changes them in
-        ``step()`` only); the optimizer's next ``step()`` waits until the copy is complete.
+        runs on the writer thread too, overlapping the next steps (see the module docstring
+        and :mod:`recd.train.snapshot`).
         """
         began = time.perf_counter()
         self.wait()  # backpressure: one write in flight, and the image is free again
@@ -806,39 +758,55 @@ class Checkpointer:
         snapshot = self._snapshot(trainer, reason)
         self.last_saved_step = snapshot.step
         if not self.section.background:
-            self._fill(snapshot, trainer, None)
+            self._fill(snapshot, trainer, None, None)
             self._write(snapshot)
         else:
-            filled = threading.Event() if snapshot.flat is not None else None
-            self._fill_pieces = None
-            if filled is not None:
-                self._guard_parameters(trainer, filled)
+            planned = filled = None
+            self._snapshot_fill = None
+            if snapshot.flat is not None:
+                planned, filled = threading.Event(), threading.Event()
+                self._guard_parameters(trainer, planned, filled)
 
             def job() -> None:
-                self._fill(snapshot, trainer, filled)
+                self._fill(snapshot, trainer, planned, filled)
                 self._write(snapshot)
 
             self._writer.submit(job, name=f"step{snapshot.step}")
         self.stats.blocked_s += time.perf_counter() - began
         self.stats.wait_s += waited
 
-    def _fill(self, snapshot: _Snapshot, trainer: Trainer, filled: threading.Event | None) -> None:
-        """Copy the model and Adam state into the file image (then set ``filled``)."""
+    def _fill(
+        self,
+        snapshot: _Snapshot,
+        trainer: Trainer,
+        planned: threading.Event | None,
+        filled: threading.Event | None,
+    ) -> None:
+        """Copy the model and Adam state into the file image; ``planned`` is set once the
+        guarded ``step()`` can take its share (:mod:`recd.train.snapshot`), ``filled`` once
+        the image holds the whole state of the snapshot's step."""
         try:
             if snapshot.flat is not None:
                 assert isinstance(trainer.optimizer, ModelAdam)
-                pieces = snapshot.flat.plan_fill(trainer.optimizer, snapshot.step)
-                if pieces is not None:
-                    self._fill_pieces = pieces  # the guarded step() may now take a share
-                    pieces.work(from_back=False)
-                    pieces.finish()
-                    self.stats.pieces_copied_by_training += pieces.copied_by_back
+                fill = snapshot.flat.plan_fill(trainer.optimizer, snapshot.step)
+                self._snapshot_fill = fill
+                if planned is not None:
+                    planned.set()
+                if fill is not None:
+                    fill.run()
+                    self.stats.pieces_copied_by_training += fill.dense.copied_by_back
+                    self.stats.rows_saved_by_training += fill.patches.rows_saved
         finally:
-            if filled is not None:
-                filled.set()
+            for event in (planned, filled):
+                if event is not None:
+                    event.set()
 
-    def _guard_parameters(self, trainer: Trainer, filled: threading.Event) -> None:
-        """Until ``filled`` is set, the optimizer's ``step`` first waits for it."""
+    def _guard_parameters(
+        self, trainer: Trainer, planned: threading.Event, filled: threading.Event
+    ) -> None:
+        """Until the snapshot copy is over, the optimizer's ``step`` goes through
+        :meth:`recd.train.snapshot.SnapshotFill.guard_step`: it waits (helping) for the dense
+        parameters' copy, and hands the embedding rows it updates over to the tables' copy."""
         self._unguard()  # two saves at one boundary: the previous copy is complete (wait())
         optimizer = trainer.optimizer
         assert isinstance(optimizer, ModelAdam), "only ModelAdam snapshots in the background"
@@ -847,15 +815,24 @@ class Checkpointer:
 
         def guarded(*args: Any, **kwargs: Any) -> Any:
             began = time.perf_counter()
-            pieces = self._fill_pieces
-            if pieces is not None and not filled.is_set():
-                pieces.work(from_back=True)  # help with what is left instead of idling
-            filled.wait()
-            waited = time.perf_counter() - began
-            stats.blocked_s += waited
-            stats.guard_wait_s += waited
-            self._unguard()
-            return original(*args, **kwargs)
+            planned.wait()
+            fill = self._snapshot_fill
+            if fill is None:  # copied whole (GPU), or the plan failed (the writer reports it)
+                filled.wait()
+            if fill is None or fill.patches.closed:
+                self._unguard()
+                waited = time.perf_counter() - began
+                stats.blocked_s += waited
+                stats.guard_wait_s += waited
+                return original(*args, **kwargs)
+
+            def step(*a: Any, **k: Any) -> Any:
+                waited = time.perf_counter() - began
+                stats.blocked_s += waited
+                stats.guard_wait_s += waited
+                return original(*a, **k)
+
+            return fill.guard_step(step, *args, **kwargs)
 
         self._guarded = (optimizer, "step" in vars(optimizer), original)
         optimizer.step = guarded  # type: ignore[method-assign]
