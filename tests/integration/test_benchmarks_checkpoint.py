@@ -14,6 +14,7 @@ import pytest
 from benchmarks.checkpoint import (
     KINDS,
     paired_ratio_interval,
+    round_ends,
     segment_orders,
     t_central_mass,
     t_quantile,
@@ -56,13 +57,21 @@ def test_paired_interval_needs_two_segments() -> None:
 
 
 def test_segment_orders_are_seeded_permutations() -> None:
-    orders = segment_orders(60, seed=7)
-    assert orders == segment_orders(60, seed=7)
-    assert orders != segment_orders(60, seed=8)
+    by_segment = segment_orders(15, 4, seed=7)
+    assert by_segment == segment_orders(15, 4, seed=7)
+    assert by_segment != segment_orders(15, 4, seed=8)
+    assert all(len(rounds) == 4 for rounds in by_segment)
+    orders = [order for rounds in by_segment for order in rounds]
     assert all(sorted(order) == sorted(KINDS) for order in orders)
     assert len({tuple(order) for order in orders}) == 6  # every order turns up in 60 draws
     for slot in range(3):  # no trainer owns a slot
         assert {order[slot] for order in orders} == set(KINDS)
+
+
+def test_rounds_cover_each_segment_with_the_checkpoint_first() -> None:
+    assert round_ends(0, 100, 4) == [24, 49, 74, 99]  # warm-up: steps 1 to 99
+    assert round_ends(3, 100, 4) == [324, 349, 374, 399]  # checkpoint after step 300
+    assert round_ends(2, 20, 1) == [59]
 
 
 @pytest.mark.slow
@@ -72,11 +81,15 @@ def test_quick_benchmark_writes_consistent_results(tmp_path: Path) -> None:
     assert bench_main([*argv, "--out", str(out)]) == 0
     result = json.loads((out / "checkpoint_quick.json").read_text())
     stall, protocol = result["stall"], result["protocol"]
-    orders = segment_orders(4, seed=3)
+    orders = segment_orders(4, 2, seed=3)
     assert stall["orders"] == orders  # segment 0 is the warm-up
-    assert [s["kind"] for s in stall["warmup_segments"]] == orders[0]
-    assert [s["kind"] for s in stall["segments"]] == [k for order in orders[1:] for k in order]
-    assert [s["steps"] for s in stall["segments"]][::3] == [[11, 30], [31, 50], [51, 70]]
+    assert [s["kind"] for s in stall["warmup_segments"]] == list(KINDS)
+    assert [s["kind"] for s in stall["segments"]] == list(KINDS) * 3
+    assert [s["steps"] for s in stall["segments"]][::3] == [[20, 39], [40, 59], [60, 79]]
+    for s in stall["segments"]:  # each trainer's place in each of the 2 rounds
+        rounds = orders[s["segment"]]
+        assert s["positions"] == [order.index(s["kind"]) for order in rounds]
+        assert s["wall_s"] == pytest.approx(sum(s["round_wall_s"])) and len(rounds) == 2
     assert len(stall["raw_in_training_write_s"]) == 3  # at steps 20, 40 and 60
     assert stall["checkpoints"] == 3
     assert stall["bytes_written"] >= stall["checkpoint_bytes"] == 8 + 12 * stall["n_params"]
@@ -89,7 +102,13 @@ def test_quick_benchmark_writes_consistent_results(tmp_path: Path) -> None:
     raw_lo, raw_hi = result["raw_write_stall_fraction_ci95"]
     assert raw_lo < result["raw_write_stall_fraction"] < raw_hi
     assert result["blocked_fraction"] > 0
-    for key, value in [("segments", 3), ("steps_per_segment", 20), ("batch_size", 256)]:
+    for key, value in [
+        ("segments", 3),
+        ("steps_per_segment", 20),
+        ("rounds_per_segment", 2),
+        ("steps_per_round", 10),
+        ("batch_size", 256),
+    ]:
         assert protocol[key] == value, key
     assert protocol["orders_seed"] == 3 and protocol["threads"] == 1
     assert protocol["command"].startswith("python benchmarks/checkpoint.py " + " ".join(argv))
