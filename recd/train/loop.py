@@ -56,6 +56,7 @@ from tqdm import tqdm
 
 from models import DLRM, ModelConfig, bce_loss, dlrm_config, rm1_config
 from recd.batch import Batch
+from recd.checkpoint.atomic import write_json_atomic
 from recd.errors import ConfigError
 from recd.optim import FlatState, ModelAdam
 from recd.progress import progress_bar
@@ -63,6 +64,7 @@ from recd.reader import ReaderConfig, ResumableLoader, build_plan
 from recd.reader.config import Shuffle
 from recd.schema import Catalogue, SparseKind
 from recd.train.config import TrainConfig, load_train_config
+from recd.train.history import json_safe, run_history, write_loss_plot
 from recd.train.launch import DistContext, destroy_distributed, in_torchrun, init_distributed
 from recd.train.metrics import (
     bce_from_logits,
@@ -146,6 +148,9 @@ class TrainResult:
     """Where the files below were written (by rank 0)."""
     stop_reason: str | None = None
     """Why training stopped before ``train.steps`` (None: it did not)."""
+    already_done: bool = False
+    """A resumed run that was already at ``train.steps``: nothing trained, no output
+    rewritten."""
 
     @property
     def samples_per_s(self) -> float:
@@ -320,6 +325,24 @@ class Trainer:
         first_step = self.step
         total = self._planned_steps()
         run_dir = cfg.run_dir
+        if first_step > 0 and first_step >= cfg.steps:
+            log.info(
+                "already at step %d (train.steps = %d): nothing to train", first_step, cfg.steps
+            )
+            return TrainResult(
+                first_step=first_step,
+                steps=first_step,
+                losses=[],
+                evals=[],
+                samples=0,
+                train_s=0.0,
+                wall_s=time.perf_counter() - began,
+                peak_rss_bytes=peak_rss_bytes(),
+                peak_cuda_bytes=peak_cuda_bytes(self.device),
+                world_size=self.world_size,
+                run_dir=run_dir,
+                already_done=True,
+            )
         writer = _MetricsWriter(run_dir / METRICS_FILE, fresh=first_step == 0, enabled=self.is_main)
         if self.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -514,13 +537,32 @@ class Trainer:
         return record
 
     def _write_outputs(self, result: TrainResult) -> None:
-        summary = {"config": self.config.to_dict(), "result": result.to_dict()}
-        path = result.run_dir / SUMMARY_FILE
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(summary, indent=1, default=str))
-        os.replace(tmp, path)
+        """``train.json`` (the config, this segment's ``result`` and the whole run's
+        history as ``run``) and ``loss.png`` (the whole run): :mod:`recd.train.history`."""
+        checkpoints = self.config.checkpoint.enabled
+        history = run_history(
+            loss_dir=self.config.checkpoint_dir if checkpoints else None,
+            metrics_path=result.metrics_path,
+            first_step=result.first_step,
+            losses=result.losses,
+            evals=[e.to_dict() for e in result.evals],
+        )
+        summary = {
+            "config": json.loads(json.dumps(self.config.to_dict(), default=str)),
+            "result": result.to_dict(),
+            "run": history.summary(),
+        }
+        write_json_atomic(result.run_dir / SUMMARY_FILE, json_safe(summary))
         if self.config.train.plot:
-            write_loss_plot(result, result.run_dir / PLOT_FILE)
+            title = f"steps 1-{result.steps}"
+            if result.steps > result.first_step:
+                title += f", {result.samples_per_s:,.0f} samples/s"
+                if result.first_step:
+                    title += f" (steps {result.first_step + 1}-{result.steps})"
+            final = history.evals[-1] if history.evals else None
+            if final is not None and final.get("ne") is not None and final.get("auc") is not None:
+                title += f", held-out NE {final['ne']:.3f}, AUC {final['auc']:.3f}"
+            write_loss_plot(history, result.run_dir / PLOT_FILE, title=title)
 
 
 @dataclass(slots=True)
@@ -564,7 +606,7 @@ class _MetricsWriter:
         if not self.enabled:
             return
         with self.path.open("a") as f:
-            f.write(json.dumps(record, allow_nan=True) + "\n")
+            f.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
 
 
 # ---------------------------------------------------------------------------- building
@@ -678,47 +720,13 @@ def _parallelize(
 
 
 # ---------------------------------------------------------------------------- outputs
-def write_loss_plot(result: TrainResult, path: Path) -> Path:
-    """PNG of the training loss per step (and its running mean) and the eval losses."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = np.arange(result.first_step + 1, result.first_step + 1 + len(result.losses))
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    try:
-        ax.plot(steps, result.losses, color="tab:blue", alpha=0.3, lw=0.8, label="train loss")
-        if len(result.losses) >= 2:
-            k = max(1, min(20, len(result.losses) // 10))
-            smooth = np.convolve(result.losses, np.ones(k) / k, mode="valid")
-            ax.plot(steps[k - 1 :], smooth, color="tab:blue", lw=1.8, label=f"mean of {k}")
-        if result.evals:
-            ax.plot(
-                [e.step for e in result.evals],
-                [e.loss for e in result.evals],
-                "o-",
-                color="tab:red",
-                label="held-out loss",
-            )
-        title = f"{result.steps} steps, {result.samples_per_s:,.0f} samples/s"
-        if result.final_eval is not None:
-            title += f", held-out NE {result.final_eval.ne:.3f}, AUC {result.final_eval.auc:.3f}"
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("step")
-        ax.set_ylabel("BCE loss")
-        ax.grid(alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path)
-    finally:
-        plt.close(fig)
-    return path
-
-
 def format_summary(result: TrainResult) -> str:
     """A few lines for the terminal."""
+    if result.already_done:
+        return (
+            f"already at step {result.steps}: nothing to train (raise train.steps to train "
+            f"further); outputs unchanged: {result.run_dir / SUMMARY_FILE}"
+        )
     lines = [
         f"trained {result.steps - result.first_step} steps ({result.samples:,} samples, "
         f"{result.world_size} process{'es' if result.world_size > 1 else ''}): "

@@ -375,3 +375,45 @@ def test_two_process_torchrun_smoke_run(tmp_path: Path, table: Path) -> None:
     evals = [r for r in records if r["kind"] == "eval"]
     assert [r["step"] for r in evals] == [4, 8]
     assert all(math.isfinite(r["ne"]) and 0.0 <= r["auc"] <= 1.0 for r in evals)
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"not strict JSON: {name}")
+
+
+def test_a_resumed_run_writes_outputs_for_the_whole_run(tmp_path: Path, table: Path) -> None:
+    """``train.json`` and ``loss.png`` after ``--resume`` cover steps 1..N, not the last
+    segment; every file is strict JSON; resuming a finished run trains nothing and rewrites
+    nothing."""
+    from recd.train.loop import format_summary
+
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path / "t.toml", table, run_dir, steps=30, eval_every=10)
+    first_cfg = load_train_config(config)
+    first_cfg.checkpoint.checkpoint_every = 10
+    first = run_training(first_cfg, show_progress=False)
+    assert first.steps == 30
+    cfg = load_train_config(config)
+    cfg.checkpoint.checkpoint_every = 10
+    cfg.train.steps = 50
+    second = run_training(cfg, show_progress=False, resume=True)
+    assert (second.first_step, second.steps) == (30, 50)
+
+    doc = json.loads((run_dir / "train.json").read_text(), parse_constant=_no_constant)
+    run, segment = doc["run"], doc["result"]
+    assert (segment["first_step"], segment["steps"]) == (30, 50)
+    assert run["losses_from"] == ".loss.json"
+    assert (run["steps_recorded"], run["first_step"], run["last_step"]) == (50, 1, 50)
+    assert run["loss_first10_mean"] == pytest.approx(sum(first.losses[:10]) / 10)
+    assert run["loss_last10_mean"] == pytest.approx(sum(second.losses[-10:]) / 10)
+    assert [e["step"] for e in run["evals"]] == [10, 20, 30, 40, 50]
+    assert run["final_eval"] == run["evals"][-1] == second.evals[-1].to_dict()
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        json.loads(line, parse_constant=_no_constant)
+    assert (run_dir / "loss.png").read_bytes().startswith(b"\x89PNG")
+
+    before = {name: (run_dir / name).read_bytes() for name in ("train.json", "loss.png")}
+    again = run_training(cfg, show_progress=False, resume=True)
+    assert again.already_done and again.steps == 50 and not again.losses
+    assert "already at step 50: nothing to train" in format_summary(again)
+    assert {name: (run_dir / name).read_bytes() for name in before} == before
