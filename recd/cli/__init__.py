@@ -15,7 +15,17 @@ import sys
 from recd.errors import RecdError
 
 # Modules under recd.cli, each adding its subcommand(s); listed in pipeline order.
-COMMAND_MODULES = ("logs", "etl", "analyze", "train", "run", "ckpt", "recover", "pivot")
+COMMAND_MODULES = (
+    "logs",
+    "etl",
+    "analyze",
+    "train",
+    "predict",
+    "run",
+    "ckpt",
+    "recover",
+    "pivot",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,9 +1,11 @@
-"""``recd ckpt inspect|diff`` and ``recd fork``: look into, compare and branch checkpoints.
+"""``recd ckpt inspect|diff|export`` and ``recd fork``: look into, compare, export and branch
+checkpoints.
 
 ::
 
     recd ckpt inspect FILE [--layout-from LAYOUT_JSON] [--json]
     recd ckpt diff A B [--layout-from LAYOUT_JSON] [--json]     exit 0 identical, 1 different
+    recd ckpt export FILE OUT [--format state_dict|safetensors] [--with-optimizer]
     recd fork CKPT NEWDIR [--json]
 
 The layout (parameter names and shapes, in the checkpoint's order) comes from
@@ -316,6 +318,33 @@ def run_diff(args: argparse.Namespace) -> int:
     return 0 if report["bitwise_identical"] else 1
 
 
+# ----------------------------------------------------------------------------- export
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from recd.checkpoint.export import export_checkpoint
+
+    path = Path(args.file)
+    layout, source = _layout_for(path, args.layout_from)
+    if layout is None:
+        raise CheckpointError(
+            f"{path}: no {LAYOUT_FILE} beside it to name the tensors; pass --layout-from"
+        )
+    report = export_checkpoint(
+        path,
+        args.out,
+        layout,
+        fmt=args.format,
+        with_optimizer=args.with_optimizer,
+        overwrite=args.overwrite,
+    )
+    print(
+        f"exported {path} (step {report.step:,}, layout {source}): {report.tensors} tensors, "
+        f"{report.bytes / 1e6:,.1f} MB -> {report.out} ({args.format})"
+    )
+    return 0
+
+
 # ----------------------------------------------------------------------------- fork
 
 
@@ -350,6 +379,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     diff.add_argument("--layout-from", metavar="LAYOUT_JSON", help="a _layout.json to use")
     diff.add_argument("--json", action="store_true", help="machine-readable output")
     diff.set_defaults(func=run_diff)
+
+    export = verbs.add_parser(
+        "export",
+        help="write a checkpoint's weights as a torch state_dict or a safetensors file",
+        description=(
+            "The weights under the model's parameter names (from _layout.json beside the file "
+            "or --layout-from): model.load_state_dict(torch.load(OUT)) on a model built from "
+            "the same config. --with-optimizer adds Adam m and v (adam_m.<name>, adam_v.<name>)."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    export.add_argument("file", help="a step_NNNNNN.bin checkpoint")
+    export.add_argument("out", type=Path, help="file to write")
+    export.add_argument(
+        "--format", choices=("state_dict", "safetensors"), default="state_dict", help="file format"
+    )
+    export.add_argument("--with-optimizer", action="store_true", help="also Adam m and v")
+    export.add_argument("--layout-from", metavar="LAYOUT_JSON", help="a _layout.json to use")
+    export.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    export.set_defaults(func=run_export)
 
     fork = sub.add_parser("fork", help="start a new run directory from one checkpoint (audit fork)")
     fork.add_argument("checkpoint", help="the step_NNNNNN.bin to branch from")

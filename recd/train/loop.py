@@ -83,7 +83,9 @@ __all__ = [
     "TrainResult",
     "TrainState",
     "Trainer",
+    "build_model_config",
     "format_summary",
+    "prepare_reader",
     "run_training",
     "train_from_pipeline",
 ]
@@ -252,7 +254,7 @@ class Trainer:
         self._stop_reason: str | None = None
         self._batches: Iterator[Batch] | None = None
 
-        self.catalogue, self.reader_config = _prepare_reader(config, self.rank, self.world_size)
+        self.catalogue, self.reader_config = prepare_reader(config, self.rank, self.world_size)
         self.loader = ResumableLoader(self.reader_config)
         self.eval_loader: ResumableLoader | None = None
         self._eval_start: dict[str, Any] | None = None
@@ -620,7 +622,7 @@ def _resolve_device(name: str, dist: DistContext | None) -> torch.device:
     return torch.device("cpu")
 
 
-def _prepare_reader(
+def prepare_reader(
     config: TrainConfig, rank: int, world_size: int
 ) -> tuple[Catalogue, ReaderConfig]:
     """The table's catalogue (restricted to the read columns) and this rank's reader config:
@@ -671,7 +673,7 @@ def _prepare_reader(
 
 def model_config_of(config: TrainConfig) -> ModelConfig:
     """The model ``config`` builds (reads the table's catalogue; no weights are made)."""
-    catalogue, _ = _prepare_reader(config, 0, 1)
+    catalogue, _ = prepare_reader(config, 0, 1)
     return build_model_config(config, catalogue)
 
 

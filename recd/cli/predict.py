@@ -1,0 +1,86 @@
+"""``recd predict``: score a table range with a trained checkpoint, predictions to Parquet."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "predict",
+        help="score a table's rows with a checkpoint; write ids, labels, logits, predictions",
+        description=(
+            "Build the model of the train TOML, load the checkpoint's weights (a "
+            "step_NNNNNN.bin, or a run directory: its newest valid checkpoint) and score every "
+            "row of the config's table in [--start, --end) in table order, with the reader the "
+            "trainer uses (same preprocessing). OUT (Parquet, zstd) holds one row per table "
+            "row: session_id, request_id, ts, the labels, and per label logit_<label> and "
+            "prediction_<label> (the probability). Prints the rows and the mean BCE."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--config", type=Path, required=True, help="the train TOML of the run")
+    parser.add_argument(
+        "--checkpoint", type=Path, required=True, help="step_NNNNNN.bin or a run directory"
+    )
+    parser.add_argument("--out", type=Path, required=True, help="Parquet file to write")
+    parser.add_argument(
+        "--start", help="first partition hour, e.g. 2026-11-01T01:00 (default: the table's first)"
+    )
+    parser.add_argument("--end", help="end hour, exclusive (default: after the table's last)")
+    parser.add_argument(
+        "--eval-range",
+        action="store_true",
+        help="score the config's [eval] range (its start / end) instead of --start / --end",
+    )
+    parser.add_argument("--batch-size", type=int, help="rows per batch (default: [reader])")
+    parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the report here")
+    parser.set_defaults(func=run_predict)
+
+
+def run_predict(args: argparse.Namespace) -> int:
+    from recd.errors import ConfigError
+    from recd.progress import progress_enabled
+    from recd.train.config import load_train_config
+    from recd.train.inference import predict_table
+
+    config = load_train_config(args.config)
+    start, end = args.start, args.end
+    if args.eval_range:
+        if config.eval is None:
+            raise ConfigError(f"--eval-range: {args.config} has no [eval] section")
+        if start is not None or end is not None:
+            raise ConfigError("--eval-range: give either it or --start / --end, not both")
+        eval_reader = config.eval_reader()
+        start, end = eval_reader.start, eval_reader.end
+    if args.batch_size is not None and args.batch_size < 1:
+        raise ConfigError(f"--batch-size: expected an integer >= 1, got {args.batch_size}")
+    report = predict_table(
+        config,
+        args.checkpoint,
+        args.out,
+        start=start,
+        end=end,
+        batch_size=args.batch_size,
+        overwrite=args.overwrite,
+        show_progress=progress_enabled(),
+    )
+    loss = "n/a" if report.loss is None else f"{report.loss:.4f}"
+    print(
+        f"predicted {report.rows:,} rows with {report.checkpoint} (step {report.step}): "
+        f"mean BCE {loss} -> {report.out}"
+    )
+    if args.json is not None:
+        doc = {
+            "out": str(report.out),
+            "checkpoint": str(report.checkpoint),
+            "step": report.step,
+            "rows": report.rows,
+            "labels": report.labels,
+            "loss": report.loss,
+        }
+        args.json.write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
