@@ -25,8 +25,11 @@ Beside it, each with the same rule:
   unclustered+KJT at 2048: two different jobs, reported for comparison only).
 
 Protocol: one process (``torch.set_num_threads(1)``, pyarrow CPU and IO pools of one thread),
-every config warmed up, then ``--reps`` repetitions; in each, every config makes one pass
-over the whole table, in an order drawn at random per repetition (seeded, recorded). Figures
+every config warmed up, then ``--reps`` repetitions; in each, every config makes whole passes
+over the whole table until they add up to ``--min-measure-s`` CPU seconds (default 2: a
+0.4 s pass alone varies by +-20% on a shared 2-core VM; one pass where a pass is longer),
+in an order drawn at random per repetition (seeded, recorded); a measurement's figures are
+per pass (the mean of its passes), and its number of passes is recorded. Figures
 are medians over the repetitions; each ratio is the ratio of the medians, with the min-max of
 the per-repetition ratios (passes of one repetition are paired). Recorded with each figure:
 batch sizes, rows read of rows in the table, repetitions, threads, load average before and
@@ -49,6 +52,7 @@ reader_clickstream.*; ``--quick``: *_quick.*).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import pickle
@@ -211,6 +215,12 @@ class Pass:
     convert_s: float = 0.0
     process_s: float = 0.0
     read_bytes: int = 0
+    gc_collections: int = 0
+    """Python garbage collections during the pass (any generation)."""
+    gc_s: float = 0.0
+    """Wall seconds they took (inside ``wall_s``)."""
+    passes: int = 1
+    """Whole passes this measurement made; every other field is per pass (their mean)."""
 
     def add(self, timing: BatchTiming) -> None:
         self.rows += timing.rows
@@ -375,15 +385,57 @@ def warm_up(reader: Reader, batches: int) -> None:
             break
 
 
+class GcClock:
+    """Counts Python's garbage collections and their wall time (``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        self.collections = 0
+        self.seconds = 0.0
+        self._began = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.collections += 1
+            self.seconds += time.perf_counter() - self._began
+
+
+GC_CLOCK = GcClock()
+
+
 def timed_pass(reader: Reader) -> Pass:
-    """One pass over the whole table; per-batch timings plus the loop's wall and CPU time."""
+    """One pass over the whole table; per-batch timings plus the loop's wall and CPU time,
+    and the garbage collections that ran during it."""
     result = Pass()
+    if GC_CLOCK not in gc.callbacks:
+        gc.callbacks.append(GC_CLOCK)
+    collections, gc_s = GC_CLOCK.collections, GC_CLOCK.seconds
     cpu0, wall0 = time.process_time(), time.perf_counter()
     for _, timing in reader.iter_timed():
         result.add(timing)
     result.wall_s = time.perf_counter() - wall0
     result.cpu_s = time.process_time() - cpu0
+    result.gc_collections = GC_CLOCK.collections - collections
+    result.gc_s = GC_CLOCK.seconds - gc_s
     return result
+
+
+def timed_measurement(reader: Reader, min_cpu_s: float) -> Pass:
+    """Whole passes over the table until they add up to ``min_cpu_s`` CPU seconds (at least
+    one), as one :class:`Pass` holding the mean of its passes."""
+    passes = [timed_pass(reader)]
+    while sum(p.cpu_s for p in passes) < min_cpu_s:
+        passes.append(timed_pass(reader))
+    if len({(p.rows, p.batches) for p in passes}) != 1:
+        raise RuntimeError("two passes over the same table read different rows")
+    k = len(passes)
+    mean = Pass(rows=passes[0].rows, batches=passes[0].batches, passes=k)
+    for name in ("wall_s", "cpu_s", "fill_s", "convert_s", "process_s", "gc_s"):
+        setattr(mean, name, sum(getattr(p, name) for p in passes) / k)
+    mean.read_bytes = sum(p.read_bytes for p in passes) // k
+    mean.gc_collections = sum(p.gc_collections for p in passes)
+    return mean
 
 
 def wire_sizes(reader: Reader, max_batches: int) -> dict[str, float]:
@@ -491,7 +543,8 @@ def markdown(r: dict[str, Any]) -> str:
         f"{r['profile']}, {p['rows_read_per_pass']:,} rows read per pass of "
         f"{p['rows_in_table']:,} in the table ({p['window']}), batch {r['batch_size']} "
         f"(`*_large`: {r['recd_batch_size']}), one reader process (1 thread), "
-        f"{p['repetitions']} repetitions in random order per repetition, medians "
+        f"{p['repetitions']} repetitions in random order per repetition (each: "
+        f"{p.get('measurement', 'one pass')}), medians "
         f"(min-max); malloc: {p.get('malloc', 'glibc defaults')}; load average {p['load_average_before'][0]:.1f} before, "
         f"{p['load_average_after'][0]:.1f} after, on {r['cpu_count']} CPUs.",
         "",
@@ -708,9 +761,15 @@ def build_readers(
 
 
 def measure(
-    readers: dict[str, Reader], *, reps: int, warmup_batches: int, seed: int
+    readers: dict[str, Reader],
+    *,
+    reps: int,
+    warmup_batches: int,
+    seed: int,
+    min_measure_s: float = 0.0,
 ) -> tuple[dict[str, list[Pass]], list[list[str]]]:
-    """``reps`` repetitions; in each, one pass per reader in an order drawn at random (seeded).
+    """``reps`` repetitions; in each, one measurement per reader (whole passes adding up to
+    ``min_measure_s`` CPU seconds) in an order drawn at random (seeded).
 
     Returns the passes per reader (index i: repetition i) and the order of each repetition.
     """
@@ -723,12 +782,12 @@ def measure(
         order = rng.sample(list(readers), k=len(readers))
         orders.append(order)
         for name in order:
-            p = timed_pass(readers[name])
+            p = timed_measurement(readers[name], min_measure_s)
             passes[name].append(p)
             print(
                 f"  rep {rep + 1}/{reps} {name:<22} {p.rows / p.cpu_s:>8,.0f} samples/CPU-s "
                 f"{p.rows / p.wall_s:>8,.0f} samples/s (fill {p.fill_s:.2f} s, convert "
-                f"{p.convert_s:.2f} s, process {p.process_s:.2f} s)",
+                f"{p.convert_s:.2f} s, process {p.process_s:.2f} s per pass, {p.passes} pass(es))",
                 flush=True,
             )
     return passes, orders
@@ -816,7 +875,11 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     print(f"all configs of a table hand out identical batches ({identical} compared)")
     load_before = os.getloadavg()
     passes, orders = measure(
-        readers, reps=args.reps, warmup_batches=args.warmup_batches, seed=args.seed
+        readers,
+        reps=args.reps,
+        warmup_batches=args.warmup_batches,
+        seed=args.seed,
+        min_measure_s=args.min_measure_s,
     )
     load_after = os.getloadavg()
     configs = {name: summarise(p) for name, p in passes.items()}
@@ -835,6 +898,14 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         else f"partitions before {window['end']} ({window.get('partitions_left_out', 0)} left out)",
         "repetitions": args.reps,
         "order": "every config once per repetition, in an order drawn at random per repetition",
+        "measurement": f"whole passes over the table until >= {args.min_measure_s} CPU-s "
+        "(at least one); figures per pass, the mean of its passes",
+        "passes_per_measurement": {
+            name: [p.passes for p in config_passes] for name, config_passes in passes.items()
+        },
+        "gc_collections_in_measurements": sum(
+            p.gc_collections for config_passes in passes.values() for p in config_passes
+        ),
         "orders_seed": args.seed,
         "orders": orders,
         "warmup_batches": args.warmup_batches,
@@ -978,6 +1049,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--row-group-rows", type=int, default=8192)
     parser.add_argument("--reps", type=int, help="repetitions (default 5, at least 3)")
     parser.add_argument("--warmup-batches", type=int, default=3)
+    parser.add_argument(
+        "--min-measure-s",
+        type=float,
+        help="CPU seconds of whole passes per measurement (default 2, quick 0: one pass)",
+    )
     parser.add_argument("--wire-batches", type=int, default=20, help="batches to pickle")
     parser.add_argument(
         "--check-batches", type=int, default=3, help="batches compared across configs"
@@ -1005,6 +1081,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.recd_batch_size = args.recd_batch_size or 3 * args.batch_size
     args.shards = args.shards or (4 if args.quick else 16)
     args.reps = args.reps or 5
+    if args.min_measure_s is None:
+        args.min_measure_s = 0.0 if args.quick else 2.0
     return args
 
 

@@ -5,10 +5,19 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from benchmarks.reader import ALL_CONFIGS, HEADLINES, PARTS, main, prepare_tables
+from benchmarks.reader import (
+    ALL_CONFIGS,
+    HEADLINES,
+    PARTS,
+    main,
+    prepare_tables,
+    timed_measurement,
+)
+from recd.reader.stats import BatchTiming
 
 
 @pytest.mark.slow
@@ -93,3 +102,31 @@ def test_quick_run_writes_sane_results_and_reuses_its_tables(tmp_path: Path) -> 
     again = prepare_tables(work, rows=3000, seed=1, num_shards=2, row_group_rows=8192)
     assert again == r["data"]
     assert [p.stat().st_mtime_ns for p in parquet] == before
+
+
+class _CountingReader:
+    """A stand-in reader: every pass yields the same 3 batches of 10 rows."""
+
+    def __init__(self) -> None:
+        self.passes = 0
+
+    def iter_timed(self) -> Any:
+        self.passes += 1
+        for _ in range(3):
+            yield (
+                None,
+                BatchTiming(
+                    rows=10, fill_s=0.001, convert_s=0.002, process_s=0.003, read_bytes=100
+                ),
+            )
+
+
+def test_a_measurement_repeats_whole_passes_and_reports_per_pass() -> None:
+    reader = _CountingReader()
+    one = timed_measurement(reader, 0.0)  # type: ignore[arg-type]
+    assert reader.passes == 1 and one.passes == 1
+    assert (one.rows, one.batches, one.read_bytes) == (30, 3, 300)
+    many = timed_measurement(reader, 0.02)  # type: ignore[arg-type]
+    assert many.passes == reader.passes - 1 > 1
+    assert (many.rows, many.batches, many.read_bytes) == (30, 3, 300)  # per pass
+    assert many.fill_s == pytest.approx(0.003) and many.process_s == pytest.approx(0.009)
