@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
+from recd import __version__
 from recd.errors import RecdError
 
 # Modules under recd.cli, each adding its subcommand(s); listed in pipeline order.
@@ -34,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="RecD-style pipeline: logs -> table -> tensors -> model -> disk.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"recd {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         module = importlib.import_module(f"recd.cli.{name}")
@@ -43,6 +46,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``recd`` console script; returns the exit code."""
+    try:
+        return _run(argv)
+    except BrokenPipeError:
+        # The reader of our output went away (`recd ckpt diff A B | head`): not an error of
+        # ours. Point stdout at /dev/null so that the interpreter's final flush stays quiet.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 0
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     # Libraries (fbgemm logs every .so it loads at INFO on the root logger) stay at WARNING.
