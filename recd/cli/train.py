@@ -45,6 +45,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="trainer processes (override [train] world_size); N > 1 launches torchrun",
     )
     parser.add_argument(
+        "--nnodes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="machines in the job: start `recd train` on each with the same --nnodes, --nproc "
+        "and --rdzv-endpoint and its own --node-rank (a shared run directory)",
+    )
+    parser.add_argument(
+        "--node-rank", type=int, default=0, metavar="R", help="this machine's rank, 0..N-1"
+    )
+    parser.add_argument(
+        "--rdzv-endpoint",
+        metavar="HOST:PORT",
+        help="node 0's address and a free port on it, reachable from every node",
+    )
+    parser.add_argument(
         "--max-restarts",
         type=int,
         default=0,
@@ -71,7 +87,7 @@ def run_train(args: argparse.Namespace) -> int:
     from recd.errors import ConfigError
     from recd.progress import progress_enabled
     from recd.train.config import load_train_config
-    from recd.train.launch import in_torchrun, launch_torchrun
+    from recd.train.launch import Nodes, in_torchrun, launch_torchrun
     from recd.train.loop import format_summary, run_training
     from recd.train.signals import forward_signals_to_workers
 
@@ -91,15 +107,23 @@ def run_train(args: argparse.Namespace) -> int:
     nproc = config.train.world_size if args.nproc is None else args.nproc
     if nproc < 1:
         raise ConfigError(f"--nproc: expected an integer >= 1, got {nproc}")
+    nodes = Nodes(
+        nnodes=getattr(args, "nnodes", 1),
+        node_rank=getattr(args, "node_rank", 0),
+        rdzv_endpoint=getattr(args, "rdzv_endpoint", None),
+    )
     if in_torchrun():
         config.train.world_size = int(os.environ["WORLD_SIZE"])
-    elif nproc > 1:
+    elif nproc > 1 or nodes.multi:
         # SIGTERM / SIGUSR1 to this launcher reach the workers (recd.train.signals); torchrun's
         # agent gives workers it shuts down this long to finish their checkpoint.
         os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_S))
         with forward_signals_to_workers():
             return launch_torchrun(
-                nproc, _worker_args(args), max_restarts=getattr(args, "max_restarts", 0)
+                nproc,
+                _worker_args(args),
+                max_restarts=getattr(args, "max_restarts", 0),
+                nodes=nodes,
             )
     else:
         config.train.world_size = 1

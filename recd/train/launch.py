@@ -27,6 +27,7 @@ from recd.errors import ConfigError
 
 __all__ = [
     "DistContext",
+    "Nodes",
     "destroy_distributed",
     "in_torchrun",
     "init_distributed",
@@ -65,21 +66,76 @@ def in_torchrun() -> bool:
     return all(name in os.environ for name in _TORCHRUN_ENV)
 
 
-def torchrun_command(nproc: int, recd_args: list[str], *, max_restarts: int = 0) -> list[str]:
-    """The command that runs ``recd RECD_ARGS`` as ``nproc`` workers on this machine.
+@dataclass(frozen=True, slots=True)
+class Nodes:
+    """Where this machine stands in a job over several machines (torchrun's static
+    rendezvous: every node is started with the same ``nnodes`` and endpoint and its own
+    ``node_rank``; node 0's endpoint hosts the rendezvous)."""
+
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    """``HOST:PORT`` of node 0, reachable from every node (required when ``nnodes > 1``)."""
+
+    def __post_init__(self) -> None:
+        if self.nnodes < 1:
+            raise ConfigError(f"--nnodes: expected an integer >= 1, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ConfigError(
+                f"--node-rank: expected an integer in [0, {self.nnodes}), got {self.node_rank}"
+            )
+        if self.nnodes > 1:
+            host, _, port = (self.rdzv_endpoint or "").rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(
+                    f"--rdzv-endpoint: expected HOST:PORT of node 0 with --nnodes "
+                    f"{self.nnodes}, got {self.rdzv_endpoint!r}"
+                )
+
+    @property
+    def multi(self) -> bool:
+        return self.nnodes > 1
+
+
+def torchrun_command(
+    nproc: int, recd_args: list[str], *, max_restarts: int = 0, nodes: Nodes | None = None
+) -> list[str]:
+    """The command that runs ``recd RECD_ARGS`` as ``nproc`` workers on this machine (of
+    ``nodes.nnodes`` machines; default: this one only).
 
     ``max_restarts``: torchrun restarts the whole worker group this many times when a worker
-    fails (the elastic baseline: every worker resumes from the newest checkpoint).
+    fails (the elastic baseline: every worker resumes from the newest checkpoint); one machine
+    only (a static rendezvous over several machines cannot restart).
     """
+    nodes = nodes or Nodes()
     if nproc < 1:
         raise ConfigError(f"--nproc: expected an integer >= 1, got {nproc}")
     if max_restarts < 0:
         raise ConfigError(f"--max-restarts: expected an integer >= 0, got {max_restarts}")
+    if nodes.multi and max_restarts:
+        raise ConfigError(
+            "--max-restarts with --nnodes > 1: restarts need an elastic (c10d) rendezvous, "
+            "which recd does not set up; restart the job with --resume instead"
+        )
+    where = (
+        [
+            "--nnodes",
+            str(nodes.nnodes),
+            "--node-rank",
+            str(nodes.node_rank),
+            "--rdzv-backend",
+            "static",
+            "--rdzv-endpoint",
+            str(nodes.rdzv_endpoint),
+        ]
+        if nodes.multi
+        else ["--standalone"]
+    )
     return [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--standalone",
+        *where,
         "--nproc_per_node",
         str(nproc),
         "--max-restarts",
@@ -91,14 +147,19 @@ def torchrun_command(nproc: int, recd_args: list[str], *, max_restarts: int = 0)
 
 
 def launch_torchrun(
-    nproc: int, recd_args: list[str], *, timeout_s: float | None = None, max_restarts: int = 0
+    nproc: int,
+    recd_args: list[str],
+    *,
+    timeout_s: float | None = None,
+    max_restarts: int = 0,
+    nodes: Nodes | None = None,
 ) -> int:
     """Run ``recd RECD_ARGS`` under torchrun with ``nproc`` workers; return its exit code.
 
     The workers inherit this process's stdout/stderr. ``timeout_s``: kill the job after that
     long (exit code 124).
     """
-    command = torchrun_command(nproc, recd_args, max_restarts=max_restarts)
+    command = torchrun_command(nproc, recd_args, max_restarts=max_restarts, nodes=nodes)
     log.info("launching %d workers: %s", nproc, " ".join(command))
     try:
         return subprocess.run(command, check=False, timeout=timeout_s).returncode

@@ -377,6 +377,40 @@ def test_two_process_torchrun_smoke_run(tmp_path: Path, table: Path) -> None:
     assert all(math.isfinite(r["ne"]) and 0.0 <= r["auc"] <= 1.0 for r in evals)
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(600)
+def test_two_nodes_on_localhost_train_like_two_processes_on_one(
+    tmp_path: Path, table: Path
+) -> None:
+    """``--nnodes 2 --node-rank R --rdzv-endpoint HOST:PORT`` on two "machines" (two
+    launchers on localhost, one process each) gives the same checkpoint, byte for byte, as
+    ``--nproc 2`` on one."""
+    from tests.distributed.spawn import free_port
+
+    def train(run_dir: Path, *extra: str) -> subprocess.Popen[str]:
+        config = write_config(tmp_path / f"{run_dir.name}.toml", table, run_dir, steps=6)
+        command = [sys.executable, "-m", "recd", "train", "--config", str(config), *extra]
+        return subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=recd_env()
+        )
+
+    endpoint = f"127.0.0.1:{free_port()}"
+    multi = ["--nproc", "1", "--nnodes", "2", "--rdzv-endpoint", endpoint]
+    nodes = [train(tmp_path / "nodes", *multi, "--node-rank", str(rank)) for rank in (0, 1)]
+    for rank, proc in enumerate(nodes):
+        out, err = proc.communicate(timeout=420)
+        assert proc.returncode == 0, (rank, out[-2000:], err[-4000:])
+    single = train(tmp_path / "single", "--nproc", "2")
+    out, err = single.communicate(timeout=420)
+    assert single.returncode == 0, (out[-2000:], err[-4000:])
+    a = (tmp_path / "nodes" / "step_000006.bin").read_bytes()
+    b = (tmp_path / "single" / "step_000006.bin").read_bytes()
+    assert a == b
+    summary = json.loads((tmp_path / "nodes" / "train.json").read_text())["result"]
+    assert summary["world_size"] == 2
+
+
 def _no_constant(name: str) -> None:
     raise ValueError(f"not strict JSON: {name}")
 
