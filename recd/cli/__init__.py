@@ -60,13 +60,25 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    # Libraries (fbgemm logs every .so it loads at INFO on the root logger) stay at WARNING.
+    # Libraries (fbgemm logs every .so it loads at INFO on the root logger) stay at WARNING;
+    # force: importing torchrec installs a root handler of its own.
     logging.basicConfig(
-        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        force=True,
     )
-    logging.getLogger("recd").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    # torchrec calls torch.fx's is_fx_tracing, which warns on every run about an API choice
+    # that is torchrec's to make, not the user's.
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    level = logging.DEBUG if args.verbose else logging.INFO
+    if os.environ.get("RANK", "0") != "0" and "LOCAL_RANK" in os.environ:
+        level = max(level, logging.WARNING)  # a torchrun worker other than rank 0: warnings only
+    logging.getLogger("recd").setLevel(level)
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
     try:
-        return int(args.func(args) or 0)
+        with logging_redirect_tqdm():  # log lines above the progress bars, not through them
+            return int(args.func(args) or 0)
     except RecdError as exc:
         print(f"recd {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -164,6 +164,7 @@ def test_recd_train_learns_and_writes_metrics_and_plot(tmp_path: Path, table: Pa
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "held-out" in proc.stdout and "samples/s" in proc.stdout
+    assert "is_fx_tracing" not in proc.stderr  # torch.fx's warning about torchrec: filtered
 
     records = read_metrics(run_dir / "metrics.jsonl")
     train_lines = [r for r in records if r["kind"] == "train"]
