@@ -31,8 +31,8 @@ test: setup
 	$(PY) -m pytest -q tests
 
 lint: setup
-	$(VENV)/bin/ruff check recd models pipelines benchmarks tests
-	$(VENV)/bin/ruff format --check recd models pipelines benchmarks tests
+	$(VENV)/bin/ruff check recd pipelines benchmarks tests
+	$(VENV)/bin/ruff format --check recd pipelines benchmarks tests
 
 typecheck: setup
 	$(VENV)/bin/mypy

@@ -234,7 +234,7 @@ def capture_flags(steps_each: int, seed: int) -> list[bool]:
 
 def _time_steps(job: SurvivorJob, rank: int, flags: list[bool]) -> dict[str, list[float]]:
     """Train the job's sharded model (already in a process group) one step per flag."""
-    from models.dlrm import bce_loss
+    from recd.models.dlrm import bce_loss
     from recd.optim import AdamConfig
     from recd.recovery.survivor import make_batch, model_config_of
     from recd.train.sharding import build_sharded_training

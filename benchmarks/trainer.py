@@ -9,7 +9,7 @@ Data: each profile's logs are generated, sharded both ways and ETL'd into a clus
 ``recd.pipeline`` does; ``--work-dir`` keeps them (and the converted batches) for the next run,
 one folder per profile.
 
-Model (``models.rm1``): the RM1-like DLRM of the profile's catalogue, every history feature
+Model (``recd.models.rm1``): the RM1-like DLRM of the profile's catalogue, every history feature
 embedded per position and pooled by one transformer per synchronised group (rm1-like: 4 groups;
 clickstream: ``history_items`` and ``history_event_types``, unsynchronised, one transformer
 each), the other sparse features pooled by an EmbeddingBagCollection; sizes in
@@ -186,8 +186,8 @@ def profile_size(profile: str, size: ModelSize) -> ModelSize:
 
 def model_config(profile: str, size: ModelSize, dedup: str) -> Any:
     """The RM1-like ``ModelConfig`` of ``profile``'s catalogue at ``size``."""
-    from models import DedupMode, rm1_config
-    from models.sequence import SequenceConfig
+    from recd.models import DedupMode, rm1_config
+    from recd.models.sequence import SequenceConfig
     from recd.schema import load_catalogue
 
     return rm1_config(
@@ -215,7 +215,7 @@ def reader_config(
     drop_last: bool = True,
 ) -> Any:
     """The reader job every configuration trains on (dedup groups, hashing, truncation)."""
-    from models import dedup_groups, table_sizes
+    from recd.models import dedup_groups, table_sizes
     from recd.reader import ReaderConfig
     from recd.schema import SparseKind, load_catalogue
 
@@ -243,7 +243,7 @@ def reader_config(
 
 def describe_model(profile: str, size: ModelSize) -> dict[str, Any]:
     """Parameter counts of the model (tables vs dense layers) and its feature layout."""
-    from models import DLRM
+    from recd.models import DLRM
     from recd.optim import embedding_parameter_names
 
     config = model_config(profile, size, "full")
@@ -358,7 +358,7 @@ def write_batches(
 
 
 # ---------------------------------------------------------------------- child processes
-PRELOAD = ["torch", "torchrec", "fbgemm_gpu", "models", "recd.optim", "recd.reader", "psutil"]
+PRELOAD = ["torch", "torchrec", "fbgemm_gpu", "recd.models", "recd.optim", "recd.reader", "psutil"]
 """Imported once by the fork server: each child then starts in a fraction of a second (a fresh
 interpreter importing torchrec takes 5-15 s on a busy 2-core machine)."""
 
@@ -480,7 +480,7 @@ def _sync(device: Any) -> None:
 
 def _train_step(model: Any, opt: Any, batch: Any) -> Any:
     """zero_grad + forward + BCE loss + backward + optimizer step; returns the loss."""
-    from models import bce_loss
+    from recd.models import bce_loss
 
     opt.zero_grad()
     loss = bce_loss(model(batch.dense, batch.sparse), batch.labels)
@@ -493,7 +493,7 @@ def _build_training(spec: dict[str, Any], device: Any) -> tuple[Any, Any]:
     """The model of ``spec`` (seeded) and its ModelAdam."""
     import torch
 
-    from models import DLRM
+    from recd.models import DLRM
     from recd.optim import AdamConfig, ModelAdam
 
     torch.manual_seed(spec["seed"])
@@ -628,7 +628,7 @@ def mix_child(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-    from models import bce_loss
+    from recd.models import bce_loss
 
     torch.set_num_threads(spec["threads"])
     device = torch.device(spec["device"])
@@ -684,7 +684,7 @@ def dist_child(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from models import bce_loss
+    from recd.models import bce_loss
     from recd.optim import AdamConfig
     from recd.train.sharding import build_sharded_training
 
@@ -733,7 +733,7 @@ def accuracy_child(spec: dict[str, Any]) -> dict[str, Any]:
     held-out partitions: loss, NE and AUC."""
     import torch
 
-    from models import DLRM, bce_loss
+    from recd.models import DLRM, bce_loss
     from recd.optim import AdamConfig, ModelAdam
     from recd.reader import iter_batches
     from recd.train.metrics import bce_from_logits, normalized_entropy, roc_auc

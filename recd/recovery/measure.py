@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from models import DLRM, bce_loss, dlrm_config
+from recd.models import DLRM, bce_loss, dlrm_config
 from recd.optim import AdamConfig, LazyAdam, ModelAdam
 from recd.recovery.bits import Inexactness, measure_inexactness
 from recd.recovery.undo import UndoRecord, step_with_undo, undo_step

@@ -151,7 +151,7 @@ class SurvivorJob:
 
 def model_config_of(job: SurvivorJob) -> Any:
     """The job's :class:`models.ModelConfig`."""
-    from models.dlrm import ModelConfig
+    from recd.models.dlrm import ModelConfig
 
     return ModelConfig(
         dense_in_features=job.dense_features,
@@ -458,7 +458,7 @@ def _train_steps(
     job: SurvivorJob, dmp: Any, opt: Any, rank: int, gen: int, step: int, ev: _Events
 ) -> tuple[int, UndoRecord | None]:
     """Train from ``step`` to ``job.steps``; raises _PeerLostError(step, record) on failure."""
-    from models.dlrm import bce_loss
+    from recd.models.dlrm import bce_loss
 
     record: UndoRecord | None = None
     while step < job.steps:
@@ -688,8 +688,8 @@ def run_job(job: SurvivorJob) -> JobReport:
 def _warm_imports() -> None:
     """Import torchrec, the model and the sharding code in the launcher, so forked workers
     (and replacements) start warm, as a pre-started spare of an elastic pool would."""
-    import models.dlrm  # noqa: F401
     import recd.checkpoint
+    import recd.models.dlrm
     import recd.train.sharding  # noqa: F401
 
 

@@ -1,1 +1,1 @@
-"""The trainer: models from :mod:`models`, Adam from :mod:`recd.optim`."""
+"""The trainer: models from :mod:`recd.models`, Adam from :mod:`recd.optim`."""

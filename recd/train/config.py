@@ -52,9 +52,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from models.dlrm import DedupMode
-from models.sequence import SequenceConfig
 from recd.errors import ConfigError
+from recd.models.dlrm import DedupMode
+from recd.models.sequence import SequenceConfig
 from recd.optim import AdamConfig
 from recd.reader.config import ReaderConfig, Shuffle
 
@@ -141,7 +141,7 @@ class SequenceSection:
 
 @dataclass(kw_only=True, slots=True)
 class ModelSection:
-    """The model built from the table's catalogue (``models.rm1_config`` / ``dlrm_config``)."""
+    """The model built from the table's catalogue (``recd.models.rm1_config`` / ``dlrm_config``)."""
 
     kind: ModelKind = "rm1"
     """``rm1``: history features pooled by per-group transformers (RM1-like);

@@ -30,11 +30,11 @@ import pyarrow.parquet as pq
 import torch
 from tqdm import tqdm
 
-from models import DLRM
 from recd.batch import Batch
 from recd.checkpoint.atomic import newest_valid_checkpoint, temp_path_for
 from recd.checkpoint.format import ParamLayout
 from recd.errors import ConfigError, RecdError
+from recd.models import DLRM
 from recd.progress import progress_bar
 from recd.reader import ReaderConfig, ResumableLoader, build_plan
 from recd.reader.config import Shuffle

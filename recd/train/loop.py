@@ -54,10 +54,10 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from models import DLRM, ModelConfig, bce_loss, dlrm_config, rm1_config
 from recd.batch import Batch
 from recd.checkpoint.atomic import write_json_atomic
 from recd.errors import ConfigError
+from recd.models import DLRM, ModelConfig, bce_loss, dlrm_config, rm1_config
 from recd.optim import FlatState, ModelAdam
 from recd.progress import progress_bar
 from recd.reader import ReaderConfig, ResumableLoader, build_plan

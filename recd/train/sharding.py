@@ -111,9 +111,9 @@ from torchrec.distributed.types import (
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from models.dlrm import DLRM, ModelConfig
 from recd.checkpoint.format import ParamLayout
 from recd.errors import ConfigError
+from recd.models.dlrm import DLRM, ModelConfig
 from recd.optim.lazy_adam import lazy_adam_update_rows
 from recd.optim.model_adam import AdamConfig, FlatState, ModelAdam
 from recd.train.data_parallel import SyncSparseDataParallel

@@ -38,7 +38,7 @@ def _same(a: list[Any], b: list[Any]) -> bool:
 
 
 def _train(opt: Any, dmp: Any, job: Any, step: int, rank: int) -> None:
-    from models.dlrm import bce_loss
+    from recd.models.dlrm import bce_loss
     from recd.recovery.survivor import make_batch
 
     dense, kjt, labels = make_batch(job, step, rank)

@@ -39,8 +39,6 @@ import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from models import DLRM, ModelConfig, SequenceConfig, bce_loss, dedup_groups, dlrm_config
-from models.rm1 import rm1_config
 from recd.batch import Batch
 from recd.checkpoint import (
     checkpoint_filename,
@@ -51,6 +49,8 @@ from recd.checkpoint import (
     write_checkpoint,
 )
 from recd.convert import FeatureSpec, convert_batch
+from recd.models import DLRM, ModelConfig, SequenceConfig, bce_loss, dedup_groups, dlrm_config
+from recd.models.rm1 import rm1_config
 from recd.optim import AdamConfig, FlatState, ModelAdam
 from recd.schema import load_catalogue
 from tests.distributed.spawn import run_workers

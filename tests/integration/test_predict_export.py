@@ -12,12 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from models import DLRM
 from recd.cli import main
 from recd.etl.config import EtlConfig
 from recd.etl.local import run_etl
 from recd.logs.generate import generate_logs
 from recd.logs.shard import shard_logs
+from recd.models import DLRM
 from recd.schema import Catalogue
 from recd.train.checkpointing import Checkpointer
 from recd.train.config import TrainConfig, load_train_config

@@ -41,7 +41,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from models import (
+from recd.batch import Batch
+from recd.convert import FeatureSpec, convert_batch
+from recd.models import (
     DLRM,
     DedupMode,
     ModelConfig,
@@ -51,8 +53,6 @@ from models import (
     dlrm_config,
     rm1_config,
 )
-from recd.batch import Batch
-from recd.convert import FeatureSpec, convert_batch
 from recd.optim import AdamConfig, ModelAdam
 from recd.schema import load_catalogue
 

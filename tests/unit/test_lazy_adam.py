@@ -19,8 +19,8 @@ import pytest
 import torch
 from torch import nn
 
-from models import DLRM, ModelConfig, bce_loss
 from recd.checkpoint import ParamLayout, read_checkpoint, write_checkpoint
+from recd.models import DLRM, ModelConfig, bce_loss
 from recd.optim import AdamConfig, LazyAdam, ModelAdam, embedding_parameter_names
 
 ROWS, DIM = 7, 3

@@ -12,7 +12,9 @@ from torchrec.models.dlrm import DenseArch, InteractionArch, OverArch
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from models import (
+from recd.convert import FeatureSpec, convert_batch
+from recd.errors import ConfigError, TensorFormatError
+from recd.models import (
     DLRM,
     ModelConfig,
     SequenceConfig,
@@ -24,8 +26,6 @@ from models import (
     rm1_config,
     table_sizes,
 )
-from recd.convert import FeatureSpec, convert_batch
-from recd.errors import ConfigError, TensorFormatError
 from recd.optim import AdamConfig, ModelAdam
 from recd.schema import load_catalogue
 
@@ -212,7 +212,7 @@ def _sequences(lengths: list[int], dim: int, seed: int) -> tuple[torch.Tensor, t
 @pytest.mark.parametrize("pooling", ["mean", "first"])
 def test_sequence_encoder_is_batch_invariant(pooling: Literal["mean", "first"]) -> None:
     """A row's output does not depend on how many other rows share its batch (bitwise, with
-    enough token rows for the CPU GEMM's large-matrix path, see models.sequence): what lets
+    enough token rows for the CPU GEMM's large-matrix path, see recd.models.sequence): what lets
     the transformer run once per distinct sequence."""
     torch.manual_seed(0)
     config = SequenceConfig(num_heads=2, ff_dim=16, max_seq_len=6, pooling=pooling)

@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from models import DLRM, ModelConfig, bce_loss, dlrm_config
 from recd.errors import UndoError
+from recd.models import DLRM, ModelConfig, bce_loss, dlrm_config
 from recd.optim import AdamConfig, LazyAdam, ModelAdam, lazy_adam_update_rows
 from recd.recovery import (
     Correction,

@@ -36,10 +36,10 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torchrec.modules.embedding_modules import EmbeddingCollection
 
-from models.packing import pack_features
 from recd.batch import SparseFeatures
 from recd.errors import ConfigError
 from recd.ikjt import lengths_to_offsets
+from recd.models.packing import pack_features
 
 __all__ = ["SequenceArch", "SequenceConfig", "SequenceEncoder"]
 

@@ -15,8 +15,8 @@ Table rows are ``min(cardinality, max_rows)``: readers must map ids into ``[0, r
 
 from __future__ import annotations
 
-from models.dlrm import DLRM, DedupMode, ModelConfig
-from models.sequence import SequenceConfig
+from recd.models.dlrm import DLRM, DedupMode, ModelConfig
+from recd.models.sequence import SequenceConfig
 from recd.schema import Catalogue, SparseKind
 
 __all__ = [

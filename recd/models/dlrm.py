@@ -32,10 +32,10 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConf
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from models.packing import as_sparse_features, pack_features
-from models.sequence import SequenceArch, SequenceConfig
 from recd.batch import Batch, SparseFeatures
 from recd.errors import ConfigError
+from recd.models.packing import as_sparse_features, pack_features
+from recd.models.sequence import SequenceArch, SequenceConfig
 
 __all__ = ["DLRM", "DedupMode", "ModelConfig", "PooledSparseArch", "bce_loss"]
 

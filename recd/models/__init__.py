@@ -7,10 +7,10 @@
 - :mod:`models.packing`: the batch container -> one KJT whose groups hold distinct rows.
 """
 
-from models.dlrm import DLRM, DedupMode, ModelConfig, PooledSparseArch, bce_loss
-from models.packing import PackedFeatures, as_sparse_features, pack_features
-from models.rm1 import build_rm1, dedup_groups, dlrm_config, rm1_config, table_sizes
-from models.sequence import SequenceArch, SequenceConfig, SequenceEncoder
+from recd.models.dlrm import DLRM, DedupMode, ModelConfig, PooledSparseArch, bce_loss
+from recd.models.packing import PackedFeatures, as_sparse_features, pack_features
+from recd.models.rm1 import build_rm1, dedup_groups, dlrm_config, rm1_config, table_sizes
+from recd.models.sequence import SequenceArch, SequenceConfig, SequenceEncoder
 
 __all__ = [
     "DLRM",
