@@ -32,6 +32,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from recd.config_types import typed_values
 from recd.errors import ConfigError
 from recd.etl.partitions import parse_time_ms
 
@@ -246,7 +247,7 @@ class ReaderConfig:
         if "table" not in data:
             raise ConfigError(f"{source}: missing reader option 'table'")
         try:
-            return cls(**data)
+            return cls(**typed_values(cls, data, "reader"))
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from exc
 

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from recd.config_types import typed_values
 from recd.errors import ConfigError
 from recd.models.dlrm import DedupMode
 from recd.models.sequence import SequenceConfig
@@ -495,7 +496,7 @@ def _build(cls: type, data: dict[str, Any], section: str) -> Any:
         raise ConfigError(
             f"[{section}]: unknown key(s) {', '.join(unknown)}; expected {', '.join(sorted(names))}"
         )
-    return cls(**data)
+    return cls(**typed_values(cls, data, section))
 
 
 def _check_int(name: str, value: object, *, minimum: int) -> None:

@@ -1,0 +1,71 @@
+"""Type checks of config values against the dataclass fields they fill (msgspec).
+
+Every config section (``[reader]``, ``[train]``, ``[model]``, ...) is a dataclass whose
+``__post_init__`` checks values and their relations. Before it runs, each key given in the
+TOML is converted to its field's annotated type by ``msgspec.convert(..., strict=True)``: a
+string where a number belongs (``lr = "fast"``), a number where a time belongs
+(``end = 2026``), a string where a flag belongs (``drop_last = "no"``, which plain Python
+would read as true) or a bad enum value ends in one line naming the section, the key and
+the value (a :class:`recd.errors.ConfigError`: ``recd`` exits 2). Integers are accepted for
+floats (``lr = 1``); ``Path`` fields take strings. msgspec is used key by key rather than on
+the whole section so that the sections keep their own checks and their messages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from recd.errors import ConfigError
+
+__all__ = ["typed_values"]
+
+
+def _paths_as_str(hint: Any) -> Any:
+    """``hint`` with ``Path`` replaced by ``str`` (TOML has no path type)."""
+    if hint is Path:
+        return str
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = tuple(_paths_as_str(a) for a in typing.get_args(hint))
+        out = args[0]
+        for arg in args[1:]:
+            out = out | arg
+        return out
+    return hint
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def typed_values(cls: type, data: dict[str, Any], section: str) -> dict[str, Any]:
+    """``data`` (the keys of one section) with each value converted to its field's type;
+    ConfigError ``[section] key = value: what was expected`` on the first that does not fit.
+    Keys that are not fields are left for the caller to report."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except NameError:  # an annotation only importable for type checkers: no check
+        return dict(data)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        hint = hints.get(key)
+        if key not in fields or hint is None or dataclasses.is_dataclass(value):
+            out[key] = value
+            continue
+        target = _paths_as_str(hint)
+        try:
+            converted = msgspec.convert(value, type=target, strict=True)
+        except msgspec.ValidationError as exc:
+            message = str(exc)
+            raise ConfigError(
+                f"[{section}] {key} = {_show(value)}: {message[:1].lower()}{message[1:]}"
+            ) from None
+        out[key] = value if target is not hint else converted
+    return out
