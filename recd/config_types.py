@@ -14,6 +14,7 @@ the whole section so that the sections keep their own checks and their messages.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import types
 import typing
 from pathlib import Path
@@ -37,6 +38,17 @@ def _paths_as_str(hint: Any) -> Any:
             out = out | arg
         return out
     return hint
+
+
+def _choices(hint: Any) -> list[Any]:
+    """The values a Literal or Enum annotation (possibly inside a union) allows."""
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return [member.value for member in hint]
+    if typing.get_origin(hint) is typing.Literal:
+        return list(typing.get_args(hint))
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return [c for arg in typing.get_args(hint) for c in _choices(arg)]
+    return []
 
 
 def _show(value: Any) -> str:
@@ -64,6 +76,9 @@ def typed_values(cls: type, data: dict[str, Any], section: str) -> dict[str, Any
             converted = msgspec.convert(value, type=target, strict=True)
         except msgspec.ValidationError as exc:
             message = str(exc)
+            choices = _choices(target)
+            if choices and message.startswith("Invalid enum value"):
+                message += "; expected one of " + ", ".join(repr(c) for c in choices)
             raise ConfigError(
                 f"[{section}] {key} = {_show(value)}: {message[:1].lower()}{message[1:]}"
             ) from None
