@@ -4,12 +4,14 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-STAMP := $(VENV)/.recd-setup-stamp
 # CPU recipe (the default). GPU users: TORCH_SPEC='torch==2.13.0' FBGEMM_SPEC='fbgemm-gpu==1.8.0'
 # with a CUDA wheel index, see README.
 TORCH_SPEC ?= torch==2.13.0
 FBGEMM_SPEC ?= fbgemm-gpu-cpu==1.8.0
 TORCHREC_SPEC ?= torchrec==1.8.0
+# The stamp names the recipe: `make setup FBGEMM_SPEC=...` with other specs installs again.
+SPECS_ID := $(shell printf '%s' '$(TORCH_SPEC) $(FBGEMM_SPEC) $(TORCHREC_SPEC)' | cksum | cut -d' ' -f1)
+STAMP := $(VENV)/.recd-setup-$(SPECS_ID)
 
 .PHONY: setup run test lint typecheck bench bench-quick clean
 
