@@ -392,17 +392,8 @@ class TrainConfig:
         order, one epoch, read whole by every rank (so every rank sees the same batches)."""
         if self.eval is None:
             raise ConfigError("eval: this config has no [eval] table")
-        return dataclasses.replace(
-            self.reader,
-            start=self.eval.start,
-            end=self.eval.end,
-            batch_size=self.eval.batch_size,
-            shuffle=Shuffle.NONE,
-            num_epochs=1,
-            drop_last=False,
-            rank=0,
-            world_size=1,
-            num_workers=0,
+        return ordered_reader(
+            self.reader, start=self.eval.start, end=self.eval.end, batch_size=self.eval.batch_size
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -474,6 +465,25 @@ class TrainConfig:
             if str(exc).startswith(source):
                 raise
             raise ConfigError(f"{source}: {exc}") from exc
+
+
+def ordered_reader(
+    reader: ReaderConfig, *, start: str | None, end: str | None, batch_size: int
+) -> ReaderConfig:
+    """``reader`` over ``[start, end)`` in table order, one epoch, the last short batch kept,
+    read whole by one process: what evaluation and scoring read."""
+    return dataclasses.replace(
+        reader,
+        start=start,
+        end=end,
+        batch_size=batch_size,
+        shuffle=Shuffle.NONE,
+        num_epochs=1,
+        drop_last=False,
+        rank=0,
+        world_size=1,
+        num_workers=0,
+    )
 
 
 def load_train_config(path: str | Path) -> TrainConfig:

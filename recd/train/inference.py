@@ -17,7 +17,6 @@ than pairing predictions with the wrong rows.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from collections.abc import Iterator
@@ -37,10 +36,9 @@ from recd.errors import ConfigError, RecdError
 from recd.models import DLRM
 from recd.progress import progress_bar
 from recd.reader import ReaderConfig, ResumableLoader, build_plan
-from recd.reader.config import Shuffle
 from recd.schema import RESERVED_COLUMNS, Catalogue
 from recd.train.checkpointing import read_checkpoint_flat
-from recd.train.config import TrainConfig
+from recd.train.config import TrainConfig, ordered_reader
 from recd.train.loop import build_model_config, prepare_reader
 from recd.train.metrics import bce_from_logits
 
@@ -104,17 +102,11 @@ class Scorer:
         self, *, start: str | None, end: str | None, batch_size: int | None = None
     ) -> ReaderConfig:
         """The reader config of a scoring pass over ``[start, end)`` in table order."""
-        return dataclasses.replace(
+        return ordered_reader(
             self.reader_config,
             start=start,
             end=end,
             batch_size=batch_size or self.reader_config.batch_size,
-            shuffle=Shuffle.NONE,
-            num_epochs=1,
-            drop_last=False,
-            num_workers=0,
-            rank=0,
-            world_size=1,
         )
 
 
@@ -140,24 +132,27 @@ def _id_stream(config: ReaderConfig, columns: list[str]) -> Iterator[pa.Table]:
 
 
 class _Rows:
-    """Takes the next ``n`` rows of a stream of tables."""
+    """Takes the next ``n`` rows of a stream of tables (zero-copy slices)."""
 
     def __init__(self, tables: Iterator[pa.Table]) -> None:
         self._tables = tables
-        self._buffer: list[pa.Table] = []
-        self._held = 0
+        self._current: pa.Table | None = None
+        self._offset = 0
 
     def take(self, n: int) -> pa.Table:
-        while self._held < n:
-            table = next(self._tables, None)
-            if table is None:
-                raise RecdError(f"predict: the table ran out of rows ({self._held} < {n})")
-            self._buffer.append(table)
-            self._held += table.num_rows
-        joined = pa.concat_tables(self._buffer).combine_chunks()
-        head, rest = joined.slice(0, n), joined.slice(n)
-        self._buffer, self._held = [rest], rest.num_rows
-        return head
+        pieces: list[pa.Table] = []
+        wanted = n
+        while wanted:
+            if self._current is None or self._offset == self._current.num_rows:
+                self._current, self._offset = next(self._tables, None), 0
+                if self._current is None:
+                    raise RecdError(f"predict: the table ran out of rows ({n - wanted} < {n})")
+                continue
+            piece = self._current.slice(self._offset, wanted)
+            self._offset += piece.num_rows
+            wanted -= piece.num_rows
+            pieces.append(piece)
+        return pa.concat_tables(pieces)
 
 
 def predict_table(
