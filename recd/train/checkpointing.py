@@ -110,7 +110,6 @@ import base64
 import dataclasses
 import datetime
 import logging
-import math
 import os
 import threading
 import time
@@ -159,6 +158,7 @@ from recd.checkpoint.sidecars import (
 from recd.errors import CheckpointError, ConfigError, SidecarError
 from recd.optim import FlatState, ModelAdam
 from recd.train.config import TrainConfig
+from recd.train.history import json_safe
 from recd.train.metrics import bce_from_logits, roc_auc
 from recd.train.signals import SignalFlags, StepSignals, agree
 from recd.train.snapshot import FillPieces, RowPatches, SnapshotFill, TableViews, cut_pieces
@@ -499,10 +499,6 @@ class _BackgroundWriter:
 
 
 # ----------------------------------------------------------------------------- the hook
-
-
-def _finite_or_none(value: float) -> float | None:
-    return float(value) if math.isfinite(value) else None
 
 
 class Checkpointer:
@@ -909,12 +905,12 @@ class Checkpointer:
             "step": step,
             "reason": reason,
             "rows": int(y.shape[0]),
-            "loss": _finite_or_none(bce_from_logits(x, y)),
-            "auc": _finite_or_none(float(np.mean(aucs))),
-            "mean_prediction": _finite_or_none(float(probs.mean())),
+            "loss": json_safe(bce_from_logits(x, y)),
+            "auc": json_safe(float(np.mean(aucs))),
+            "mean_prediction": json_safe(float(probs.mean())),
             "label_mean": float(y.mean()),
             "predictions": [
-                [_finite_or_none(float(p)) for p in row] for row in probs[:AUDIT_PREDICTIONS]
+                [json_safe(float(p)) for p in row] for row in probs[:AUDIT_PREDICTIONS]
             ],
         }
 
