@@ -7,11 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from recd.etl.config import EtlConfig
-from recd.etl.local import run_etl
-from recd.logs.generate import generate_logs
-from recd.logs.shard import shard_logs
 from recd.schema import Catalogue
+from tests.tables import build_table
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 
@@ -51,16 +48,7 @@ checkpoint_every = 6
 
 @pytest.mark.slow
 def test_the_api_examples_run(tmp_path: Path, tiny_catalogue: Catalogue) -> None:
-    generate_logs(tiny_catalogue, tmp_path / "raw", seed=7, num_sessions=500, show_progress=False)
-    shard_logs(
-        tmp_path / "raw", tmp_path / "shards", key="session", num_shards=2, show_progress=False
-    )
-    table = tmp_path / "table"
-    run_etl(
-        EtlConfig(
-            shard_dir=tmp_path / "shards", table_dir=table, row_group_rows=256, show_progress=False
-        )
-    )
+    table = build_table(tmp_path, tiny_catalogue, seed=7, num_sessions=500)
     config = tmp_path / "train.toml"
     config.write_text(CONFIG.format(table=table, run_dir=tmp_path / "run"))
     (tmp_path / "out").mkdir()

@@ -13,16 +13,13 @@ import pytest
 import torch
 
 from recd.cli import main
-from recd.etl.config import EtlConfig
-from recd.etl.local import run_etl
-from recd.logs.generate import generate_logs
-from recd.logs.shard import shard_logs
 from recd.models import DLRM
 from recd.schema import Catalogue
 from recd.train.checkpointing import Checkpointer
 from recd.train.config import TrainConfig, load_train_config
 from recd.train.inference import Scorer, predict_table
 from recd.train.loop import Trainer, build_model_config
+from tests.tables import build_table
 
 CONFIG = """
 [reader]
@@ -70,18 +67,9 @@ def trained(
     """A table, a 12-step run with checkpoints, and the trainer's own held-out evaluation of
     the final weights (every held-out row)."""
     root = tmp_path_factory.mktemp("predict")
-    generate_logs(tiny_catalogue, root / "raw", seed=5, num_sessions=600, show_progress=False)
-    shard_logs(root / "raw", root / "shards", key="session", num_shards=2, show_progress=False)
-    run_etl(
-        EtlConfig(
-            shard_dir=root / "shards",
-            table_dir=root / "table",
-            row_group_rows=256,
-            show_progress=False,
-        )
-    )
+    table = build_table(root, tiny_catalogue, seed=5, num_sessions=600)
     path = root / "train.toml"
-    path.write_text(CONFIG.format(table=root / "table", run_dir=root / "run"))
+    path.write_text(CONFIG.format(table=table, run_dir=root / "run"))
     config = load_train_config(path)
     trainer = Trainer(config, show_progress=False)
     checkpointer = Checkpointer(config)

@@ -19,11 +19,10 @@ import pytest
 from recd.errors import ConfigError
 from recd.etl.config import EtlConfig
 from recd.etl.local import run_etl
-from recd.logs.generate import generate_logs
-from recd.logs.shard import shard_logs
 from recd.schema import Catalogue
 from recd.train.config import TrainConfig, load_train_config
 from recd.train.loop import Trainer, TrainResult, run_training, train_from_pipeline
+from tests.tables import build_table
 
 REPO = Path(__file__).resolve().parents[2]
 DENSE = ["user_age_days", "item_price"]
@@ -89,24 +88,7 @@ def write_config(path: Path, table: Path, run_dir: Path, **overrides: Any) -> Pa
 def table(tmp_path_factory: pytest.TempPathFactory, tiny_catalogue: Catalogue) -> Path:
     """The tiny profile with 1000 sessions through the real generate -> shard -> ETL."""
     root = tmp_path_factory.mktemp("train-table")
-    generate_logs(tiny_catalogue, root / "raw", seed=3, num_sessions=1000, show_progress=False)
-    shard_logs(
-        root / "raw",
-        root / "shards",
-        key="session",
-        num_shards=2,
-        block_bytes=1 << 16,
-        show_progress=False,
-    )
-    run_etl(
-        EtlConfig(
-            shard_dir=root / "shards",
-            table_dir=root / "table",
-            row_group_rows=256,
-            show_progress=False,
-        )
-    )
-    return root / "table"
+    return build_table(root, tiny_catalogue, seed=3, num_sessions=1000, block_bytes=1 << 16)
 
 
 @pytest.fixture(scope="module")
