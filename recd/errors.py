@@ -43,6 +43,20 @@ class CheckpointCorruptError(CheckpointError):
     impossible header, foreign file, or a header that disagrees with the model's layout."""
 
 
+class CheckpointNonFiniteError(CheckpointCorruptError):
+    """A checkpoint's weights or Adam state hold NaN or infinity (a diverged run's state):
+    names the file, the region, the tensor and the first bad element."""
+
+
+class RunDirectoryBusyError(CheckpointError):
+    """Another live process owns the run directory (holds its ``.lock``)."""
+
+
+class TrainingDivergedError(RecdError):
+    """Training produced non-finite values (a NaN / infinite loss or held-out predictions):
+    names the step, the run directory and what to do."""
+
+
 class CheckpointTooLargeError(CheckpointError):
     """The model has more parameters (or the step is larger) than the int32 header can hold."""
 
@@ -54,6 +68,12 @@ class SidecarError(RecdError):
 
 class TensorFormatError(RecdError, ValueError):
     """A KJT / IKJT / batch container is internally inconsistent (names the part and the value)."""
+
+
+class NoEventsError(SchemaError):
+    """An event log holds no event to write: it is empty, has only blank lines or only a CSV
+    header, or (quarantine mode) every data line is bad. ``allow_empty`` writes an empty output
+    instead."""
 
 
 class BadLineError(BadRowError):

@@ -11,11 +11,16 @@ from recd.logs.ingest import (
     BAD_ROW_POLICIES,
     DEFAULT_POSITIVE_EVENTS,
     FORMATS,
+    MAX_LINE_BYTES,
+    QUOTE_CHARS,
     SESSION_ID_MODES,
     TS_UNITS,
     IngestReport,
     ingest_events,
+    shorten,
 )
+
+VOCAB_SHOWN = 20  # event types listed in the summary; _ingest.json has them all
 
 DESCRIPTION = f"""\
 Turn an event log (CSV or JSON Lines, one event per line with a session or user id, a
@@ -38,10 +43,15 @@ Timestamps: epoch ms, epoch s or ISO 8601 (no zone = UTC); --ts-unit auto picks 
 Session ids: integers, or strings hashed to a stable 63-bit id (same on every run).
 Item ids: integers >= 0.
 
-Bad lines (wrong field count, invalid JSON, a missing or unparsable value) are reported with
-file, line number and field. --on-bad-rows fail (default) stops at the first one (exit 2);
-quarantine writes each to OUT/_quarantine.jsonl and counts it (rows in = rows out +
-quarantined).
+Bad lines (wrong field count, an unmatched quote, invalid JSON, a missing or unparsable value,
+bytes that are not UTF-8, a line longer than --max-line-bytes) are reported with file, line
+number and field. --on-bad-rows fail (default) stops at the first one (exit 2); quarantine
+writes each to OUT/_quarantine.jsonl and counts it (rows in = rows out + quarantined).
+Messages quote at most {QUOTE_CHARS} characters of a value.
+
+An input with no events (empty, only blank lines, only a CSV header, or only bad lines when
+quarantining) is refused (exit 2) and OUT is left as it was; --allow-empty writes an empty OUT
+instead.
 
 The whole input is held in memory (a few times its size): split big logs, e.g. by day.
 Default positive events: {",".join(DEFAULT_POSITIVE_EVENTS)}.
@@ -94,6 +104,18 @@ def register(verbs: argparse._SubParsersAction) -> None:
         help="JSON with event type ids to reuse (an earlier OUT/_ingest.json or a name->id map)",
     )
     parser.add_argument("--delimiter", default=",", help="CSV field delimiter (default ',')")
+    parser.add_argument(
+        "--max-line-bytes",
+        type=int,
+        default=MAX_LINE_BYTES,
+        help=f"longest input line accepted, and so longest value ({MAX_LINE_BYTES:,} bytes); "
+        "a longer line is a bad line",
+    )
+    parser.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="write an empty OUT for an input with no events instead of refusing it",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the report as JSON")
     parser.set_defaults(func=run)
 
@@ -115,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
         session_ids=args.session_ids,
         event_vocabulary=_read_vocabulary(args.event_vocab) if args.event_vocab else None,
         delimiter=args.delimiter,
+        max_line_bytes=args.max_line_bytes,
+        allow_empty=args.allow_empty,
     )
     print(format_report(report))
     if args.json is not None:
@@ -136,9 +160,10 @@ def _read_vocabulary(path: Path) -> dict[str, int]:
 
 
 def format_report(report: IngestReport) -> str:
-    vocab = ", ".join(
-        f"{k}={v}" for k, v in sorted(report.event_vocabulary.items(), key=lambda kv: kv[1])
-    )
+    by_id = sorted(report.event_vocabulary.items(), key=lambda kv: kv[1])
+    vocab = ", ".join(f"{shorten(k)}={v}" for k, v in by_id[:VOCAB_SHOWN])
+    if len(by_id) > VOCAB_SHOWN:
+        vocab += f", … ({len(by_id) - VOCAB_SHOWN:,} more in _ingest.json)"
     lines = [
         f"ingested {report.source} ({report.format}) -> {report.out_dir}",
         f"  rows in {report.rows_in:,}  out {report.rows_out:,}  quarantined {report.quarantined:,}",

@@ -30,13 +30,23 @@ the ``event_vocabulary`` of an earlier run's ``_ingest.json``) to keep ids stabl
 new names get the next ids. ``OUT/_ingest.json`` records the vocabulary, the label definition,
 the resolved timestamp unit and session-id mode, and the counts.
 
-Bad input rows (a CSV line with the wrong number of fields, invalid JSON or not an object, a
-missing session id / timestamp / item id / event type, a timestamp or item id that does not
-parse) are found with vectorised checks and reported by file, 1-based line number (as an editor
-shows it; a CSV header is line 1) and field. ``on_bad_rows="fail"`` (default) raises
-``BadLineError`` for the first one; ``"quarantine"`` writes every bad line with its line number,
-field, reason and text to ``OUT/_quarantine.jsonl`` and counts it: rows in = rows out +
-quarantined, always. Empty (CSV) or blank (JSON Lines) lines are not rows and are skipped.
+Bad input rows (a CSV line with the wrong number of fields or an unmatched quote, invalid JSON
+or not an object, a missing session id / timestamp / item id / event type, a timestamp or item
+id that does not parse, bytes that are not UTF-8, a line longer than ``max_line_bytes``) are
+found with vectorised checks and reported by file, 1-based line number (as an editor shows it;
+a CSV header is line 1) and field. ``on_bad_rows="fail"`` (default) raises ``BadLineError`` for
+the first one; ``"quarantine"`` writes every bad line with its line number, field, reason and
+text (cut at ``max_line_bytes``) to ``OUT/_quarantine.jsonl`` and counts it: rows in = rows out
++ quarantined, always. Empty (CSV) or blank (JSON Lines) lines are not rows and are skipped.
+Messages quote at most ``QUOTE_CHARS`` characters of a value.
+
+Lines are bounded: one longer than ``max_line_bytes`` (default ``MAX_LINE_BYTES``, 1 MiB), and
+so any value longer than that, is a bad line; it is found before parsing, as are lines that are
+not UTF-8, since either would fail the whole parse without a line number.
+
+An input with no events (0 bytes, only blank lines, only a CSV header, or, when quarantining,
+only bad lines) raises ``NoEventsError`` and leaves ``OUT`` untouched; ``allow_empty=True``
+writes an empty ``OUT`` instead (a 0-byte CSV then has no header to check).
 
 The whole input is held in memory (a few times its size); split big inputs, e.g. by day. Lines
 end with ``\\n`` or ``\\r\\n``; CSV values must not contain line breaks.
@@ -48,6 +58,7 @@ import csv
 import io
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -62,7 +73,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 from tqdm import tqdm
 
-from recd.errors import BadLineError, ConfigError, SchemaError
+from recd.errors import BadLineError, ConfigError, NoEventsError, SchemaError
 from recd.logs import rawlog
 from recd.logs.hashing import hash_strings
 from recd.logs.shard import replace_dir_atomically
@@ -96,6 +107,8 @@ HISTORY_GROUP = "history"
 LABEL = "label"
 LABEL_DEFINITION = "label = 1 if the event type is one of positive_events, else 0"
 OUTPUT_BATCH_ROWS = 1 << 16
+MAX_LINE_BYTES = 1 << 20  # default bound on one input line (and so on any value in it)
+QUOTE_CHARS = 40  # characters of an input value quoted in a message
 _SUFFIX_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
 _ROLES = ("session", "ts", "item", "event")
 _INT_RE = r"^-?\d{1,19}$"
@@ -104,6 +117,8 @@ _ISO_RE = r"^\d{4}-\d{2}-\d{2}([T ]\d{2}(:\d{2}(:\d{2}(\.\d{1,9})?)?)?(Z|[+-]\d{
 _ISO_ZONED_RE = r"[T ]\d{2}(:\d{2}(:\d{2}(\.\d{1,9})?)?)?(Z|[+-]\d{2}(:?\d{2})?)$"
 _MS_THRESHOLD = 1e11  # epoch seconds reach 1e11 in year 5138, epoch ms passed it in 1973
 _UTF8_BOM = b"\xef\xbb\xbf"
+_UTF8_SCAN_LINES = 256  # below this many lines, find non-UTF-8 lines one by one
+_ESCAPED = re.compile("[\udc80-\udcff]")  # bytes that were not UTF-8, after surrogateescape
 _TS_EXPECTED = {
     "auto": "epoch ms, epoch s or ISO 8601",
     "ms": "epoch ms",
@@ -187,9 +202,13 @@ class _TextColumns:
 
 
 class _Lines:
-    """Line boundaries of a byte buffer (lines end with \\n; a trailing \\r is not content)."""
+    """Line boundaries of a byte buffer (lines end with \\n; a trailing \\r is not content).
 
-    def __init__(self, data: bytes) -> None:
+    ``numbers`` (L,) holds each line's 1-based number in the input file: ``1..L`` unless the
+    buffer is what ``without`` left of a bigger one.
+    """
+
+    def __init__(self, data: bytes, numbers: np.ndarray | None = None) -> None:
         self.data = data
         self.buf = np.frombuffer(data, dtype=np.uint8)
         newlines = np.flatnonzero(self.buf == ord("\n"))
@@ -199,9 +218,26 @@ class _Lines:
             self.starts, self.ends = self.starts[:-1], self.ends[:-1]
         has_cr = (self.ends > self.starts) & (self.buf[np.maximum(self.ends - 1, 0)] == ord("\r"))
         self.content_ends = self.ends - has_cr
+        self.numbers = np.arange(1, len(self.starts) + 1) if numbers is None else numbers
+        self._blank: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.starts)
+
+    def sizes(self) -> np.ndarray:
+        """(L,) int64: bytes of each line, without its line break."""
+        return self.content_ends - self.starts
+
+    def without(self, drop: np.ndarray) -> _Lines:
+        """The lines other than ``drop`` (0-based indices), keeping their line numbers.
+
+        Copies the kept bytes once; only called when some lines are rejected before parsing.
+        """
+        keep = np.ones(len(self), dtype=bool)
+        keep[drop] = False
+        sizes_with_break = np.diff(np.append(self.starts, len(self.buf)))
+        kept = self.buf[np.repeat(keep, sizes_with_break)].tobytes()
+        return _Lines(kept, self.numbers[keep])
 
     def empty(self) -> np.ndarray:
         """(L,) bool: the line has no characters (as a CSV reader skips)."""
@@ -209,16 +245,28 @@ class _Lines:
 
     def blank(self) -> np.ndarray:
         """(L,) bool: the line has only whitespace (as a JSON reader skips)."""
-        if len(self) == 0:
-            return np.zeros(0, dtype=bool)
-        is_content = np.ones(256, dtype=bool)
-        is_content[list(b" \t\r\n")] = False
-        # any content byte from a line's start up to the next line's start
-        return ~np.logical_or.reduceat(is_content[self.buf], self.starts)
+        if self._blank is None:
+            is_content = np.ones(256, dtype=bool)
+            is_content[list(b" \t\r\n")] = False
+            # any content byte from a line's start up to the next line's start
+            self._blank = (
+                ~np.logical_or.reduceat(is_content[self.buf], self.starts)
+                if len(self)
+                else np.zeros(0, dtype=bool)
+            )
+        return self._blank
 
-    def text(self, index: int) -> str:
-        """The text of line ``index`` (0-based), without its line break."""
-        return self.data[self.starts[index] : self.content_ends[index]].decode("utf-8", "replace")
+    def raw(self, index: int) -> bytes:
+        """The bytes of line ``index`` (0-based), without its line break."""
+        return self.data[self.starts[index] : self.content_ends[index]]
+
+    def text(self, index: int, max_bytes: int | None = None) -> str:
+        """The text of line ``index`` (0-based), without its line break; bytes that are not
+        UTF-8 become U+FFFD. With ``max_bytes``, a longer line is cut there and ends in "…"."""
+        start, end = int(self.starts[index]), int(self.content_ends[index])
+        if max_bytes is not None and end - start > max_bytes:
+            return self.data[start : start + max_bytes].decode("utf-8", "replace") + "…"
+        return self.data[start:end].decode("utf-8", "replace")
 
 
 def ingest_events(
@@ -238,19 +286,23 @@ def ingest_events(
     event_vocabulary: Mapping[str, int] | None = None,
     request_id_base: int = 0,
     delimiter: str = ",",
+    max_line_bytes: int = MAX_LINE_BYTES,
+    allow_empty: bool = False,
     show_progress: bool = True,
 ) -> IngestReport:
     """Read the event log at ``path`` and write it as a raw-log directory ``out_dir``.
 
     See the module docstring for the input, the output schema, the label and bad-row handling.
-    ``out_dir`` is replaced atomically. Raises ``BadLineError`` on the first bad line when
-    ``on_bad_rows == "fail"``, ``SchemaError`` for a missing column or unreadable file and
-    ``ConfigError`` for bad options.
+    ``out_dir`` is replaced atomically, and only when there are events to write: an input with
+    none (empty, only blank lines, only a CSV header, or only bad lines in quarantine mode)
+    raises ``NoEventsError`` and leaves ``out_dir`` as it was, unless ``allow_empty``. Raises
+    ``BadLineError`` on the first bad line when ``on_bad_rows == "fail"``, ``SchemaError`` for
+    a missing column or unreadable file and ``ConfigError`` for bad options.
     """
     start = time.perf_counter()
     path = Path(path)
     fmt = _resolve_format(path, fmt)
-    _check_options(ts_unit, history, on_bad_rows, session_ids, delimiter)
+    _check_options(ts_unit, history, on_bad_rows, session_ids, delimiter, max_line_bytes)
     names = {"session": session_col, "ts": ts_col, "item": item_col, "event": event_col}
     if not path.is_file():
         raise ConfigError(f"event log {path} does not exist")
@@ -258,14 +310,28 @@ def ingest_events(
     if data.startswith(_UTF8_BOM):
         data = data[len(_UTF8_BOM) :]
     lines = _Lines(data)
-    if fmt == "csv":
-        text = _read_csv(path, lines, names, delimiter)
+    rejected: list[_BadLine] = []
+    if not lines.blank().all():
+        text, rejected = _read_text(
+            path, lines, fmt, names, delimiter, max_line_bytes, on_bad_rows == "fail"
+        )
+    elif allow_empty:
+        text = _no_text()
     else:
-        text = _read_jsonl(path, lines, names)
-    events, bad = _parse_columns(text, names, ts_unit=ts_unit, session_ids=session_ids)
+        raise _no_events(path, "the file is empty" if not data else "only blank lines")
+    events, parse_bad = _parse_columns(text, names, ts_unit=ts_unit, session_ids=session_ids)
+    bad = rejected + parse_bad
     if bad and on_bad_rows == "fail":
         first = min(bad, key=lambda b: b.line)
         raise BadLineError(str(path), first.line, first.field, first.problem)
+    rows_in = text.rows_in + len(rejected)
+    if len(events.lines) == 0 and not allow_empty:
+        if bad:
+            first = min(bad, key=lambda b: b.line)
+            where = f"field {first.field!r}: " if first.field else ""
+            reason = f"all {rows_in:,} data lines are bad, the first: line {first.line}: {where}"
+            raise _no_events(path, reason + first.problem)
+        raise _no_events(path, "only a header line" if fmt == "csv" else "only blank lines")
     vocabulary = _event_vocabulary(events.event, event_vocabulary)
     positives = sorted({p.strip().lower() for p in positive_events if p.strip()})
     with replace_dir_atomically(out_dir) as tmp:
@@ -274,13 +340,13 @@ def ingest_events(
         )
         quarantine_path = None
         if bad:
-            _write_quarantine(tmp / QUARANTINE_FILE, path, lines, bad)
+            _write_quarantine(tmp / QUARANTINE_FILE, path, lines, bad, max_line_bytes)
             quarantine_path = str(Path(out_dir) / QUARANTINE_FILE)
         report = IngestReport(
             source=str(path),
             out_dir=str(out_dir),
             format=fmt,
-            rows_in=text.rows_in,
+            rows_in=rows_in,
             rows_out=written.rows,
             quarantined=len(bad),
             sessions=written.sessions,
@@ -332,7 +398,12 @@ def _resolve_format(path: Path, fmt: str | None) -> str:
 
 
 def _check_options(
-    ts_unit: str, history: int, on_bad_rows: str, session_ids: str, delimiter: str
+    ts_unit: str,
+    history: int,
+    on_bad_rows: str,
+    session_ids: str,
+    delimiter: str,
+    max_line_bytes: int,
 ) -> None:
     if ts_unit not in TS_UNITS:
         raise ConfigError(f"ts_unit must be one of {', '.join(TS_UNITS)}, got {ts_unit!r}")
@@ -348,9 +419,227 @@ def _check_options(
         )
     if len(delimiter.encode()) != 1 or delimiter in '\r\n"':
         raise ConfigError(f"delimiter must be one single-byte character, got {delimiter!r}")
+    if max_line_bytes < 1:
+        raise ConfigError(f"max_line_bytes must be >= 1, got {max_line_bytes}")
+
+
+def _no_events(path: Path, reason: str) -> NoEventsError:
+    return NoEventsError(
+        f"{path}: no events ({reason}); --allow-empty writes an empty output instead"
+    )
+
+
+def shorten(text: str) -> str:
+    """``text`` cut to ``QUOTE_CHARS`` characters + "…": how messages show input values."""
+    return text if len(text) <= QUOTE_CHARS else text[:QUOTE_CHARS] + "…"
+
+
+def _quote(value: str) -> str:
+    return repr(shorten(value))
 
 
 # ----------------------------------------------------------------------------- reading
+
+
+def _no_text() -> _TextColumns:
+    return _TextColumns(
+        lines=np.zeros(0, np.int64),
+        columns={role: pa.array([], pa.string()) for role in _ROLES},
+        malformed=[],
+        rows_in=0,
+    )
+
+
+def _read_text(
+    path: Path,
+    lines: _Lines,
+    fmt: str,
+    names: dict[str, str],
+    delimiter: str,
+    max_line_bytes: int,
+    first_only: bool,
+) -> tuple[_TextColumns, list[_BadLine]]:
+    """The four columns as text, and the lines rejected before parsing (too long, not UTF-8).
+
+    ``first_only`` (the input fails at its first bad line): only the first rejected line is
+    found, and the lines from there on are not read.
+    """
+    drop, rejected = _reject_lines(
+        path,
+        lines,
+        fmt=fmt,
+        delimiter=delimiter,
+        max_line_bytes=max_line_bytes,
+        first_only=first_only,
+    )
+    readable = lines.without(drop) if drop.size else lines
+    if fmt == "csv":
+        return _read_csv(path, readable, names, delimiter), rejected
+    return _read_jsonl(path, readable, names), rejected
+
+
+_FieldAt = Callable[[bytes, int | None], str | None]
+"""(line bytes, byte position or None) -> the field holding that byte (None: the longest)."""
+
+
+def _reject_lines(
+    path: Path,
+    lines: _Lines,
+    *,
+    fmt: str,
+    delimiter: str,
+    max_line_bytes: int,
+    first_only: bool,
+) -> tuple[np.ndarray, list[_BadLine]]:
+    """The lines the readers must not see: longer than ``max_line_bytes`` or not UTF-8.
+
+    Either would fail the reader's whole input with no line number (a row bigger than its
+    block; a string that is not UTF-8), so both are found first: one length comparison, and
+    one UTF-8 check of the whole buffer that is halved down to the failing lines only when it
+    fails. Returns the 0-based indices to drop and one bad line per rejected line (with
+    ``first_only``: the first rejected line, and every line from there on is dropped). A CSV
+    header cannot be quarantined: a bad one raises ``BadLineError``.
+    """
+    too_long = np.flatnonzero(lines.sizes() > max_line_bytes)
+    not_utf8 = _non_utf8_lines(lines, first_only=first_only)
+    rejected = np.union1d(too_long, not_utf8)
+    if first_only:
+        rejected = rejected[:1]
+    if rejected.size == 0:
+        return rejected, []
+    long_lines = set(too_long.tolist())
+
+    def problem(index: int, field_at: _FieldAt | None) -> tuple[str | None, str]:
+        raw = lines.raw(index)
+        if index in long_lines:
+            return _too_long_problem(raw, max_line_bytes, field_at)
+        return _utf8_problem(raw, field_at)
+
+    if fmt == "csv":
+        index = int(np.flatnonzero(~lines.empty())[0])
+        if index == rejected[0]:
+            line = int(lines.numbers[index])
+            raise BadLineError(str(path), line, None, "header: " + problem(index, None)[1])
+        header = _csv_header(path, lines, index, delimiter)
+
+        def field_at(raw: bytes, position: int | None) -> str | None:
+            return _csv_field_name(raw, position, header, delimiter)
+
+    else:
+        field_at = _json_field_name
+    bad = [_BadLine(int(lines.numbers[i]), *problem(i, field_at)) for i in rejected.tolist()]
+    if first_only:
+        return np.arange(rejected[0], len(lines)), bad
+    return rejected, bad
+
+
+def _too_long_problem(raw: bytes, limit: int, field_at: _FieldAt | None) -> tuple[str | None, str]:
+    name = field_at(raw, None) if field_at is not None else None
+    return name, (
+        f"line of {len(raw):,} bytes is over the limit of {limit:,} bytes per line "
+        "(--max-line-bytes)"
+    )
+
+
+def _utf8_problem(raw: bytes, field_at: _FieldAt | None) -> tuple[str | None, str]:
+    expected = "(the input must be UTF-8 text)"
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        name = field_at(raw, exc.start) if field_at is not None else None
+        byte = raw[exc.start]
+        return (
+            name,
+            f"not valid UTF-8: byte 0x{byte:02x} at byte {exc.start + 1} of the line {expected}",
+        )
+    return None, f"not valid UTF-8 {expected}"  # only if Arrow's check and Python's disagree
+
+
+def _non_utf8_lines(lines: _Lines, *, first_only: bool = False) -> np.ndarray:
+    """0-based indices of the lines that are not valid UTF-8 (only the first: ``first_only``),
+    in order.
+
+    Valid input costs one vectorised check of the whole buffer; otherwise line ranges are
+    halved, first half first, down to a few hundred lines, which are checked one by one.
+    """
+    bounds = np.append(lines.starts, len(lines.buf)).tolist()
+    buffer = pa.py_buffer(lines.data)
+    found: list[int] = []
+    pending = [(0, len(lines))]
+    while pending and not (first_only and found):
+        lo, hi = pending.pop()
+        if _is_utf8(buffer, bounds[lo], bounds[hi]):
+            continue
+        if hi - lo <= _UTF8_SCAN_LINES:
+            view = memoryview(lines.data)
+            for i in range(lo, hi):
+                try:
+                    str(view[bounds[i] : bounds[i + 1]], "utf-8")
+                except UnicodeDecodeError:
+                    found.append(i)
+            continue
+        mid = (lo + hi) // 2
+        pending.extend([(mid, hi), (lo, mid)])
+    return np.array(found[:1] if first_only else found, dtype=np.int64)
+
+
+def _is_utf8(buffer: pa.Buffer, start: int, end: int) -> bool:
+    offsets = pa.py_buffer(np.array([0, end - start], dtype=np.int64))
+    value = pa.Array.from_buffers(
+        pa.large_binary(), 1, [None, offsets, buffer.slice(start, end - start)]
+    )
+    try:
+        value.cast(pa.large_string())
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
+def _csv_field_name(
+    raw: bytes, position: int | None, header: list[str], delimiter: str
+) -> str | None:
+    """The header name of the field of CSV line ``raw`` that holds byte ``position`` (None: the
+    longest field). Fields are split at delimiters outside double quotes."""
+    if position is not None and b'"' not in raw[:position]:
+        index = raw.count(delimiter.encode(), 0, position)
+    else:
+        buf = np.frombuffer(raw, dtype=np.uint8)
+        quoted = (np.cumsum(buf == ord('"'), dtype=np.uint8) & 1) == 1  # wraps, keeps parity
+        cuts = np.flatnonzero((buf == ord(delimiter)) & ~quoted)
+        if position is None:
+            index = int(np.argmax(np.diff(np.concatenate([[-1], cuts, [len(buf)]]))))
+        else:
+            index = int(np.searchsorted(cuts, position))
+    return shorten(header[index]) if index < len(header) else None
+
+
+def _json_field_name(raw: bytes, position: int | None) -> str | None:
+    """The key of JSON line ``raw`` whose value holds byte ``position`` (None: the biggest
+    value), or None when the line is not a JSON object or the byte is not in a value."""
+    try:
+        value = json.loads(raw.decode("utf-8", "surrogateescape"))
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or not value:
+        return None
+    texts = {key: json.dumps(v, ensure_ascii=False) for key, v in value.items()}
+    if position is None:
+        key = max(texts, key=lambda k: len(texts[k]))
+    else:
+        holding = [k for k, text in texts.items() if _ESCAPED.search(text)]
+        if not holding or _ESCAPED.search(holding[0]):
+            return None
+        key = holding[0]
+    return shorten(key)
+
+
+def _csv_header(path: Path, lines: _Lines, index: int, delimiter: str) -> list[str]:
+    try:
+        return next(csv.reader([lines.text(index)], delimiter=delimiter))
+    except csv.Error as exc:
+        raise SchemaError(
+            f"{path}: line {lines.numbers[index]}: cannot read the CSV header: {exc}"
+        ) from exc
 
 
 def _read_csv(path: Path, lines: _Lines, names: dict[str, str], delimiter: str) -> _TextColumns:
@@ -364,15 +653,16 @@ def _read_csv(path: Path, lines: _Lines, names: dict[str, str], delimiter: str) 
     if content.size == 0:
         raise SchemaError(f"{path}: empty file: no CSV header line")
     header_index, data_index = int(content[0]), content[1:]
-    header = next(csv.reader([lines.text(header_index)], delimiter=delimiter))
+    header = _csv_header(path, lines, header_index, delimiter)
     missing = [(role, col) for role, col in names.items() if col not in header]
     if missing:
         wanted = ", ".join(f"{col!r}" for _, col in missing)
         raise SchemaError(
-            f"{path}: line {header_index + 1}: no column {wanted} in the header "
-            f"(columns: {', '.join(header)}); set the column names with --*-col"
+            f"{path}: line {lines.numbers[header_index]}: no column {wanted} in the header "
+            f"(columns: {', '.join(shorten(h) for h in header[:50])}); "
+            "set the column names with --*-col"
         )
-    width = max(9, len(str(len(lines))))
+    width = max(9, len(str(int(lines.numbers[-1]))))
     line_col = "recd_line".ljust(width, "_")
     if line_col in header:
         raise SchemaError(f"{path}: the column name {line_col!r} is reserved")
@@ -393,9 +683,12 @@ def _read_csv(path: Path, lines: _Lines, names: dict[str, str], delimiter: str) 
         return "skip"
 
     columns = [line_col, *dict.fromkeys(names.values())]
+    longest = int(lines.sizes().max()) + width + 3  # a line with its prefix and line break
     try:
         table = pa_csv.read_csv(
             pa.BufferReader(prefixed),
+            # a row must fit in one block, or the whole read fails
+            read_options=pa_csv.ReadOptions(block_size=max(1 << 20, 2 * longest)),
             parse_options=pa_csv.ParseOptions(delimiter=delimiter, invalid_row_handler=on_invalid),
             convert_options=pa_csv.ConvertOptions(
                 column_types={line_col: pa.int64(), **{c: pa.string() for c in columns[1:]}},
@@ -406,14 +699,59 @@ def _read_csv(path: Path, lines: _Lines, names: dict[str, str], delimiter: str) 
     except pa.ArrowInvalid as exc:
         raise SchemaError(f"{path}: cannot read as CSV: {exc}") from exc
     table = table.combine_chunks()
-    return _TextColumns(
-        lines=table.column(line_col).to_numpy(),
-        columns={role: table.column(col).chunk(0) for role, col in names.items()}
+    numbers = table.column(line_col).to_numpy()
+    text = (
+        {role: table.column(col).chunk(0) for role, col in names.items()}
         if table.num_rows
-        else {role: pa.array([], pa.string()) for role in names},
+        else {role: pa.array([], pa.string()) for role in names}
+    )
+    return _TextColumns(
+        lines=numbers,
+        columns=text,
         malformed=malformed,
         rows_in=len(data_index),
+        flagged=_unclosed_quotes(lines, data_index, numbers, text, names, malformed),
     )
+
+
+def _unclosed_quotes(
+    lines: _Lines,
+    data_index: np.ndarray,
+    numbers: np.ndarray,
+    columns: dict[str, pa.Array],
+    names: dict[str, str],
+    malformed: list[_BadLine],
+) -> np.ndarray | None:
+    """Add the lines an unclosed quote spoiled to ``malformed``; returns the (N,) mask of the
+    rows among them, or None when there are none.
+
+    A ``"`` that does not close on its line makes the reader go on to the next ``"`` (or the
+    end of its block), so the lines in between are no rows: they are the data lines
+    (``data_index``) that neither a row (``numbers``) nor a malformed line carries. The row
+    where the value began is bad when the value is one of the wanted ``columns``.
+    """
+    seen = np.concatenate([numbers, [b.line for b in malformed]]).astype(np.int64)
+    if len(seen) == len(data_index):
+        return None
+    unmatched = (
+        'an unmatched " on this line: a quoted value runs across lines '
+        "(CSV values must not hold line breaks)"
+    )
+    inside = (
+        'not read: inside a quoted value that runs across lines from an unmatched " before it '
+        "(CSV values must not hold line breaks)"
+    )
+    for index in data_index[~np.isin(lines.numbers[data_index], seen)].tolist():
+        problem = unmatched if lines.raw(index).count(b'"') % 2 else inside
+        malformed.append(_BadLine(int(lines.numbers[index]), None, problem))
+    flagged = np.zeros(len(numbers), dtype=bool)
+    for role, column in columns.items():
+        has_break = pc.fill_null(pc.match_substring(column, "\n"), False)
+        rows = np.asarray(has_break.to_numpy(zero_copy_only=False), dtype=bool) & ~flagged
+        for i in np.flatnonzero(rows).tolist():
+            malformed.append(_BadLine(int(numbers[i]), names[role], unmatched))
+        flagged |= rows
+    return flagged
 
 
 def _prefix_line_numbers(
@@ -425,7 +763,7 @@ def _prefix_line_numbers(
     ``len(line_col)`` characters wide. One element-wise binary join (C++) builds the result.
     """
     width = len(line_col)
-    numbers = content[1:] + 1
+    numbers = lines.numbers[content[1:]]
     powers = 10 ** np.arange(width - 1, -1, -1, dtype=np.int64)
     digits = ((numbers[:, None] // powers) % 10 + ord("0")).astype(np.uint8)
     header = np.frombuffer(line_col.encode(), dtype=np.uint8)[None, :]
@@ -476,13 +814,14 @@ def _read_jsonl(path: Path, lines: _Lines, names: dict[str, str]) -> _TextColumn
         except pa.ArrowInvalid as exc:
             ok, error = False, str(exc)
         if ok:
-            line_numbers = content[lo:hi] + 1
+            line_numbers = lines.numbers[content[lo:hi]]
             columns, bad, flagged = _json_columns_as_text(table, names, line_numbers)
             parts.append((line_numbers, columns, flagged))
             malformed.extend(bad)
         elif hi - lo == 1:
             index = int(content[lo])
-            malformed.append(_BadLine(index + 1, None, _json_problem(lines.text(index), error)))
+            number = int(lines.numbers[index])
+            malformed.append(_BadLine(number, None, _json_problem(lines.text(index), error)))
         else:
             mid = (lo + hi) // 2
             pending.extend([(mid, hi), (lo, mid)])
@@ -667,7 +1006,7 @@ def _parse_session(values: pa.Array, mode: str) -> tuple[_Parsed, str]:
             values=_to_int64(cast),
             failed=~ok,
             problem=lambda raw: (
-                f"cannot parse {raw!r} as an integer session id "
+                f"cannot parse {_quote(raw)} as an integer session id "
                 "(use --session-ids hash for string ids)"
             ),
         ),
@@ -683,7 +1022,7 @@ def _parse_item(values: pa.Array) -> _Parsed:
     def problem(raw: str) -> str:
         if raw.lstrip().startswith("-") and _matches(pa.array([raw]), _INT_RE)[0]:
             return f"item id {raw} is negative (ids must be >= 0)"
-        return f"cannot parse {raw!r} as an integer item id"
+        return f"cannot parse {_quote(raw)} as an integer item id"
 
     return _Parsed(values=ints, failed=~ok | negative, problem=problem)
 
@@ -698,7 +1037,7 @@ def _parse_ts(values: pa.Array, unit: str) -> tuple[_Parsed, str]:
     expected = _TS_EXPECTED["auto" if unit == "number" else unit]
 
     def problem(raw: str) -> str:
-        return f"cannot parse {raw!r} as a timestamp (expected {expected})"
+        return f"cannot parse {_quote(raw)} as a timestamp (expected {expected})"
 
     if unit == "iso":
         zoned = _matches(values, _ISO_ZONED_RE) & iso
@@ -907,8 +1246,11 @@ def _catalogue(
     )
 
 
-def _write_quarantine(target: Path, source: Path, lines: _Lines, bad: Iterable[_BadLine]) -> None:
-    """One JSON object per bad line: file, line, field, reason and the line's text."""
+def _write_quarantine(
+    target: Path, source: Path, lines: _Lines, bad: Iterable[_BadLine], max_line_bytes: int
+) -> None:
+    """One JSON object per bad line: file, line, field, reason and the line's text (a line
+    over ``max_line_bytes`` cut there, ending in "…"; bytes that are not UTF-8 as U+FFFD)."""
     with target.open("w") as f:
         for b in sorted(bad, key=lambda b: b.line):
             record = {
@@ -916,6 +1258,8 @@ def _write_quarantine(target: Path, source: Path, lines: _Lines, bad: Iterable[_
                 "line": b.line,
                 "field": b.field,
                 "reason": b.problem,
-                "text": lines.text(b.line - 1) if 1 <= b.line <= len(lines) else None,
+                "text": lines.text(b.line - 1, max_line_bytes)
+                if 1 <= b.line <= len(lines)
+                else None,
             }
             f.write(json.dumps(record) + "\n")
