@@ -4,9 +4,10 @@
   model's parameter-iterator order), the reader, ranged writes for distributed saves;
 - ``atomic``: temp file + fsync + rename + fsync dir, listing, fallback to the newest valid file,
   ``_layout.json``;
-- ``retention``: keep the newest K plus every Mth (by step);
+- ``retention``: keep the newest K plus every Mth (by step), with their ``.state.json`` entries;
 - ``sidecars``: ``.loss.json`` (append-only JSON Lines), ``.samples.json``, ``.state.json``,
-  pivot archive and fork.
+  pivot archive and fork;
+- ``lock``: one owner per run directory (``.lock``), taken before anything in it is touched.
 
 Formats: the file in :mod:`recd.checkpoint.format`, the run directory and its sidecars in
 :mod:`recd.checkpoint.sidecars` and :mod:`recd.train.checkpointing`.
@@ -30,8 +31,11 @@ from recd.checkpoint.format import (
     REGIONS,
     Checkpoint,
     CheckpointHeader,
+    CheckpointNonFiniteError,
     ParamLayout,
     ParamSpec,
+    check_checkpoint_finite,
+    check_finite,
     checkpoint_filename,
     checkpoint_size_bytes,
     parse_checkpoint_step,
@@ -39,6 +43,12 @@ from recd.checkpoint.format import (
     read_checkpoint,
     validate_checkpoint,
     write_region_range,
+)
+from recd.checkpoint.lock import (
+    RUN_LOCK_FILE,
+    RunDirectoryBusyError,
+    RunDirectoryLock,
+    lock_run_directory,
 )
 from recd.checkpoint.retention import (
     RetentionPolicy,
@@ -54,6 +64,7 @@ from recd.checkpoint.sidecars import (
     LossLog,
     append_sample_audit,
     archive_policy_sidecars,
+    drop_state_entries,
     fork_run,
     read_loss_history,
     read_samples,
@@ -73,12 +84,14 @@ __all__ = [
     "LOSS_FILE",
     "MAX_PARAMS",
     "REGIONS",
+    "RUN_LOCK_FILE",
     "SAMPLES_FILE",
     "STATE_FILE",
     "Checkpoint",
     "CheckpointCorruptError",
     "CheckpointError",
     "CheckpointHeader",
+    "CheckpointNonFiniteError",
     "CheckpointTooLargeError",
     "ForkResult",
     "LossHistory",
@@ -86,18 +99,24 @@ __all__ = [
     "ParamLayout",
     "ParamSpec",
     "RetentionPolicy",
+    "RunDirectoryBusyError",
+    "RunDirectoryLock",
     "SidecarError",
     "append_sample_audit",
     "apply_retention",
     "apply_retention_in_background",
     "archive_policy_sidecars",
+    "check_checkpoint_finite",
+    "check_finite",
     "checkpoint_filename",
     "checkpoint_path",
     "checkpoint_size_bytes",
     "clean_stray_temp_files",
     "commit",
+    "drop_state_entries",
     "fork_run",
     "list_checkpoints",
+    "lock_run_directory",
     "newest_valid_checkpoint",
     "parse_checkpoint_step",
     "preallocate",

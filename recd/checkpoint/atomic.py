@@ -24,7 +24,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -266,30 +266,36 @@ def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:
 
 
 def newest_valid_checkpoint(
-    run_dir: str | os.PathLike[str], layout: ParamLayout | None = None
+    run_dir: str | os.PathLike[str],
+    layout: ParamLayout | None = None,
+    *,
+    check: Callable[[Path], object] | None = None,
 ) -> Path | None:
     """The newest checkpoint that validates (against ``layout`` when given), or None if none.
 
-    Walks from the newest file backwards; each invalid file is skipped with a warning naming
-    it and the reason, and the previous one is tried. None means the directory holds no
-    checkpoint at all (a fresh run). When checkpoints exist but *none* is valid this raises
-    ``CheckpointCorruptError`` listing every reason rather than returning None: silently
-    restarting a run from scratch (e.g. after a model change that breaks every file) would
-    overwrite its history.
+    Walks from the newest file backwards; each invalid file is skipped with one warning line
+    naming it and the reason, and the previous one is tried. ``check(path)`` runs on a file
+    that passed the size/header checks and rejects it too by raising
+    ``CheckpointCorruptError`` (a resume passes one that loads the file and refuses
+    non-finite values: ``recd.checkpoint.format.check_finite``). None means the directory
+    holds no checkpoint at all (a fresh run). When checkpoints exist but *none* is valid this
+    raises ``CheckpointCorruptError`` listing every reason rather than returning None:
+    silently restarting a run from scratch (e.g. after a model change that breaks every file)
+    would overwrite its history.
     """
     candidates = list_checkpoints(run_dir)
     reasons = []
     for path in reversed(candidates):
         try:
             validate_checkpoint(path, layout)
+            if check is not None:
+                check(path)
         except CheckpointCorruptError as exc:
             reasons.append(str(exc))
             log.warning("skipping checkpoint %s: %s; falling back to the previous one", path, exc)
             continue
         if reasons:
-            log.warning(
-                "resuming from %s after skipping %d invalid newer file(s)", path, len(reasons)
-            )
+            log.info("resuming from %s after skipping %d invalid newer file(s)", path, len(reasons))
         return path
     if reasons:
         raise CheckpointCorruptError(

@@ -31,6 +31,13 @@ a model that large needs one, and each part would have to be a valid file of thi
 The reader (``read_checkpoint``) checks the size equation first, so a truncated, extended or
 foreign file is rejected with ``CheckpointCorruptError`` before any array is mapped; arrays are
 ``np.memmap`` views (zero copy, read-only).
+
+Finite values
+-------------
+The format can hold NaN and infinity (a diverged run's state). ``check_finite`` (one
+vectorised pass, in chunks) refuses them with ``CheckpointNonFiniteError`` naming the file,
+the region, the tensor and the first bad element; a resume skips such a file like a truncated
+one unless told to accept it (``recd train --accept-nonfinite``).
 """
 
 from __future__ import annotations
@@ -39,14 +46,14 @@ import math
 import os
 import re
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
-from recd.errors import CheckpointCorruptError, CheckpointTooLargeError
+from recd.errors import CheckpointCorruptError, CheckpointNonFiniteError, CheckpointTooLargeError
 
 HEADER_BYTES = 8
 """Size of the header: int32 step + int32 n_params."""
@@ -61,6 +68,9 @@ MAX_STEP = INT32_MAX
 Region = Literal["weights", "adam_m", "adam_v"]
 REGIONS: tuple[Region, ...] = ("weights", "adam_m", "adam_v")
 """The three float32 arrays, in file order."""
+
+FINITE_CHUNK_ELEMS = 1 << 22
+"""Elements per chunk of the finite check (16 MiB of float32; bounds its scratch memory)."""
 
 FLOAT_DTYPE = np.dtype("<f4")
 INT_DTYPE = np.dtype("<i4")
@@ -307,7 +317,7 @@ def validate_checkpoint(
     n_params >= 0), the size equals ``8 + 12 * n_params`` exactly (catches truncated, extended
     and foreign files), the step matches the ``step_NNNNNN.bin`` name when it has one, and
     ``n_params`` equals ``layout.n_params`` when a layout is given. The float contents are not
-    checked (NaN weights are a legitimate, if unfortunate, training state).
+    checked here (``check_finite`` does, and a resume runs it too).
     """
     path = Path(path)
     try:
@@ -411,6 +421,76 @@ def read_checkpoint(path: str | os.PathLike[str], layout: ParamLayout | None = N
         adam_m=regions[1],
         adam_v=regions[2],
         layout=layout,
+    )
+
+
+# ----------------------------------------------------------------------------- finite values
+
+
+def first_nonfinite(array: np.ndarray) -> int | None:
+    """Index of the first NaN / infinity of a 1-D float array (a memmap is read in chunks of
+    ``FINITE_CHUNK_ELEMS``), or None when every value is finite."""
+    for start in range(0, array.size, FINITE_CHUNK_ELEMS):
+        finite = np.isfinite(array[start : start + FINITE_CHUNK_ELEMS])
+        if not finite.all():
+            return start + int(np.argmin(finite))
+    return None
+
+
+def count_nonfinite(array: np.ndarray) -> int:
+    """Number of NaN / infinity values of a 1-D float array (in chunks)."""
+    bad = 0
+    for start in range(0, array.size, FINITE_CHUNK_ELEMS):
+        chunk = array[start : start + FINITE_CHUNK_ELEMS]
+        bad += chunk.size - int(np.count_nonzero(np.isfinite(chunk)))
+    return bad
+
+
+def check_finite(
+    path: str | os.PathLike[str],
+    regions: Sequence[np.ndarray],
+    *,
+    layout: ParamLayout | None = None,
+) -> None:
+    """Raise ``CheckpointNonFiniteError`` unless every value of the three regions (weights,
+    adam_m, adam_v: flat float32 arrays of ``n_params``, in memory or memmapped) is finite.
+
+    The message names ``path``, the first region holding a bad value, the tensor (with a
+    layout) and the index inside it, the value, and how many bad values each region holds.
+    When every value is finite (the usual case) this is one vectorised pass over the regions.
+    """
+    for region, array in zip(REGIONS, regions, strict=True):
+        index = first_nonfinite(array)
+        if index is None:
+            continue
+        where = f"element {index:,} of {region}"
+        if layout is not None and layout.n_params == array.size:
+            i = int(np.searchsorted(np.asarray(layout.offsets), index, side="right")) - 1
+            spec = layout.specs[i]
+            inside = np.unravel_index(index - layout.offsets[i], spec.shape) if spec.shape else ()
+            where = (
+                f"{region} of tensor {spec.name!r} (shape {spec.shape}) at index "
+                f"{tuple(int(k) for k in inside)} (element {index:,} of {region})"
+            )
+        counts = ", ".join(
+            f"{name} {count_nonfinite(values):,}"
+            for name, values in zip(REGIONS, regions, strict=True)
+        )
+        raise CheckpointNonFiniteError(
+            f"{path}: non-finite value {float(array[index])} in {where}; non-finite values: "
+            f"{counts}"
+        )
+
+
+def check_checkpoint_finite(
+    path: str | os.PathLike[str], layout: ParamLayout | None = None
+) -> CheckpointHeader:
+    """``validate_checkpoint``, then ``check_finite`` over the memory-mapped file (read once,
+    in chunks: memory stays bounded whatever its size)."""
+    ckpt = read_checkpoint(path, layout)
+    check_finite(ckpt.path, (ckpt.weights, ckpt.adam_m, ckpt.adam_v), layout=layout)
+    return CheckpointHeader(
+        path=ckpt.path, step=ckpt.step, n_params=ckpt.n_params, size_bytes=ckpt.size_bytes
     )
 
 

@@ -15,6 +15,11 @@ Safety rules, whatever the policy says:
 - files that appear while retention runs (a commit racing it) are not in its listing and are
   kept.
 
+The ``.state.json`` entries of the deleted checkpoints (reader position and RNG, keyed by
+step) are dropped right after the files (``recd.checkpoint.sidecars.drop_state_entries``), so
+the document never describes checkpoints that are gone. Only the deleted steps are dropped:
+the entry of a checkpoint whose write is still in flight is never touched.
+
 Deletion is cheap but does filesystem work; call ``apply_retention`` after a commit from the
 checkpoint writer's background thread, or use ``apply_retention_in_background``.
 """
@@ -30,7 +35,8 @@ from pathlib import Path
 
 from recd.checkpoint.atomic import list_checkpoints
 from recd.checkpoint.format import ParamLayout, parse_checkpoint_step, validate_checkpoint
-from recd.errors import CheckpointCorruptError
+from recd.checkpoint.sidecars import drop_state_entries
+from recd.errors import CheckpointCorruptError, SidecarError
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +106,11 @@ def apply_retention(
     *,
     layout: ParamLayout | None = None,
 ) -> list[Path]:
-    """Delete the checkpoints of ``run_dir`` the policy does not keep; returns the deleted paths.
+    """Delete the checkpoints of ``run_dir`` the policy does not keep, and their
+    ``.state.json`` entries; returns the deleted paths.
 
-    The newest checkpoint that validates (against ``layout`` when given) is always kept.
+    The newest checkpoint that validates (against ``layout`` when given) is always kept. Run
+    it from the run directory's one writer (the ``.state.json`` update is read-modify-write).
     """
     paths = list_checkpoints(run_dir)
     newest_valid = _newest_valid(paths, layout)
@@ -115,6 +123,8 @@ def apply_retention(
             continue
         deleted.append(path)
         log.debug("retention: deleted %s", path)
+    if deleted:
+        drop_state_entries(run_dir, (parse_checkpoint_step(p.name) or 0 for p in deleted))
     return deleted
 
 
@@ -129,7 +139,7 @@ def apply_retention_in_background(
     def run() -> None:
         try:
             apply_retention(run_dir, policy, layout=layout)
-        except OSError as exc:
+        except (OSError, SidecarError) as exc:
             log.warning("retention in %s failed: %s", run_dir, exc)
 
     thread = threading.Thread(target=run, name="recd-ckpt-retention")

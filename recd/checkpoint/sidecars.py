@@ -44,7 +44,9 @@ Guarantees:
   dies); in a distributed job only rank 0 writes.
 
 ``.samples.json`` and ``.state.json`` are whole-file JSON documents replaced atomically
-(temp + fsync + rename + fsync dir): readers see the old document or the new one.
+(temp + fsync + rename + fsync dir): readers see the old document or the new one. The
+per-checkpoint entries of ``.state.json`` (``checkpoints``, keyed by step) leave with their
+checkpoints: retention drops them (``drop_state_entries``) right after deleting the files.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -380,6 +382,21 @@ def read_state(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     if data is not None and not isinstance(data, dict):
         raise SidecarError(f"{Path(run_dir) / STATE_FILE}: expected a JSON object")
     return data
+
+
+def drop_state_entries(run_dir: str | os.PathLike[str], steps: Iterable[int]) -> list[int]:
+    """Remove the ``.state.json`` entries (``checkpoints``, keyed by step) of ``steps``, whose
+    checkpoints retention deleted; returns the steps removed. The document is replaced
+    atomically, and only when it changes; everything else in it is kept."""
+    doc = read_state(run_dir)
+    entries = None if doc is None else doc.get("checkpoints")
+    if doc is None or not isinstance(entries, dict):
+        return []
+    gone = [step for step in sorted(set(steps)) if str(step) in entries]
+    if gone:
+        doc = {**doc, "checkpoints": {k: v for k, v in entries.items() if int(k) not in gone}}
+        write_state(run_dir, doc)
+    return gone
 
 
 def write_samples(run_dir: str | os.PathLike[str], samples: Mapping[str, Any]) -> Path:

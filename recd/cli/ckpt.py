@@ -1,9 +1,11 @@
-"""``recd ckpt inspect|diff|export`` and ``recd fork``: look into, compare, export and branch
-checkpoints.
+"""``recd ckpt inspect|verify|diff|export`` and ``recd fork``: look into, check, compare,
+export and branch checkpoints.
 
 ::
 
     recd ckpt inspect FILE [--layout-from LAYOUT_JSON] [--json]
+    recd ckpt verify FILE|RUN_DIR... [--layout-from LAYOUT_JSON] [--json]
+                                                                exit 0 all valid, 1 otherwise
     recd ckpt diff A B [--layout-from LAYOUT_JSON] [--json]     exit 0 identical, 1 different
     recd ckpt export FILE OUT [--format state_dict|safetensors] [--with-optimizer]
     recd fork CKPT NEWDIR [--json]
@@ -11,7 +13,9 @@ checkpoints.
 The layout (parameter names and shapes, in the checkpoint's order) comes from
 ``--layout-from`` or else from ``_layout.json`` beside the (first) file; without one, only
 whole-region statistics are shown. Statistics (min, max, mean, std, abs-max) are over the
-finite values; NaN and Inf are counted separately. Large files are streamed in chunks from the
+finite values; NaN and Inf are counted separately. ``verify`` runs the checks a resume runs:
+size and header (against the layout), then every value finite (the first NaN / infinity is
+named by region, tensor and index). Large files are streamed in chunks from the
 memory map, so memory stays bounded.
 """
 
@@ -26,10 +30,21 @@ from typing import Any
 
 import numpy as np
 
-from recd.checkpoint.atomic import LAYOUT_FILE, read_layout, read_layout_or_none
-from recd.checkpoint.format import REGIONS, Checkpoint, ParamLayout, read_checkpoint
+from recd.checkpoint.atomic import (
+    LAYOUT_FILE,
+    list_checkpoints,
+    read_layout,
+    read_layout_or_none,
+)
+from recd.checkpoint.format import (
+    REGIONS,
+    Checkpoint,
+    ParamLayout,
+    check_checkpoint_finite,
+    read_checkpoint,
+)
 from recd.checkpoint.sidecars import fork_run
-from recd.errors import CheckpointError
+from recd.errors import CheckpointCorruptError, CheckpointError
 
 CHUNK_ELEMS = 1 << 22  # 4M float32 = 16 MiB per chunk
 
@@ -248,6 +263,45 @@ def run_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- verify
+
+
+def verify_checkpoints(paths: list[str], layout_from: str | None = None) -> list[dict[str, Any]]:
+    """What ``recd ckpt verify`` prints: one ``{"path", "ok", "step", "error"}`` per file, a run
+    directory standing for all its checkpoints (newest first, the order a resume tries them).
+    """
+    files: list[Path] = []
+    for name in paths:
+        path = Path(name)
+        if path.is_dir():
+            found = list_checkpoints(path)
+            if not found:
+                raise CheckpointError(f"{path}: no step_NNNNNN.bin checkpoints in this directory")
+            files.extend(reversed(found))
+        else:
+            files.append(path)
+    reports = []
+    for file in files:
+        layout, _ = _layout_for(file, layout_from)
+        try:
+            header = check_checkpoint_finite(file, layout)
+        except CheckpointCorruptError as exc:
+            reports.append({"path": str(file), "ok": False, "step": None, "error": str(exc)})
+        else:
+            reports.append({"path": str(file), "ok": True, "step": header.step, "error": None})
+    return reports
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    reports = verify_checkpoints(args.paths, args.layout_from)
+    if args.json:
+        print(json.dumps(reports, indent=1))
+    else:
+        for r in reports:
+            print(f"ok    {r['path']} (step {r['step']:,})" if r["ok"] else f"FAIL  {r['error']}")
+    return 0 if all(r["ok"] for r in reports) else 1
+
+
 # ----------------------------------------------------------------------------- diff
 
 
@@ -364,7 +418,7 @@ def run_fork(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    ckpt = sub.add_parser("ckpt", help="inspect and compare step_NNNNNN.bin checkpoints")
+    ckpt = sub.add_parser("ckpt", help="inspect, verify and compare step_NNNNNN.bin checkpoints")
     verbs = ckpt.add_subparsers(dest="ckpt_command", metavar="VERB", required=True)
 
     inspect = verbs.add_parser("inspect", help="header, size and per-region/per-tensor statistics")
@@ -372,6 +426,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     inspect.add_argument("--layout-from", metavar="LAYOUT_JSON", help="a _layout.json to use")
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
     inspect.set_defaults(func=run_inspect)
+
+    verify = verbs.add_parser(
+        "verify",
+        help="check checkpoints as a resume does: size, header, layout, finite values "
+        "(exit 0 all valid, 1 otherwise)",
+    )
+    verify.add_argument(
+        "paths", nargs="+", metavar="PATH", help="step_NNNNNN.bin files or run directories"
+    )
+    verify.add_argument("--layout-from", metavar="LAYOUT_JSON", help="a _layout.json to use")
+    verify.add_argument("--json", action="store_true", help="machine-readable output")
+    verify.set_defaults(func=run_verify)
 
     diff = verbs.add_parser("diff", help="compare two checkpoints (exit 0 identical, 1 different)")
     diff.add_argument("a", help="first checkpoint")

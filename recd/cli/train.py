@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from recd.train.config import TrainConfig
 
 SHUTDOWN_TIMEOUT_S = 600
 """Seconds torchrun's agent waits for workers it signalled before it SIGKILLs them."""
@@ -22,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
             "(gloo on CPU, nccl on GPU). Checkpoints (RUN_DIR/step_NNNNNN.bin with .loss.json, "
             ".samples.json, .state.json) every [checkpoint] checkpoint_every steps, at the end, "
             "and on signals: SIGTERM = checkpoint and exit 0, SIGUSR1 = checkpoint and continue "
-            "(send them to this process, also with --nproc)."
+            "(send them to this process, also with --nproc). One trainer per run directory: a "
+            "second one on a live run exits 2 naming the live one's pid, having touched nothing."
         ),
     )
     parser.add_argument(
@@ -75,7 +82,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help=(
             "continue from the newest valid checkpoint of the run directory (weights, Adam "
-            "state, step, reader position, RNG: bit-exact); a fresh start when it has none"
+            "state, step, reader position, RNG: bit-exact); a fresh start when it has none. A "
+            "checkpoint holding NaN or infinity is skipped like a corrupt one (the previous "
+            "valid one is used)"
+        ),
+    )
+    parser.add_argument(
+        "--accept-nonfinite",
+        action="store_true",
+        help=(
+            "accept NaN / infinity: --resume from a checkpoint whose weights or Adam state hold "
+            "them, and train on when a step's loss is not finite (default: skip such a "
+            "checkpoint; stop with an error at a non-finite loss)"
         ),
     )
     parser.set_defaults(func=run_train)
@@ -104,6 +122,8 @@ def run_train(args: argparse.Namespace) -> int:
             raise ConfigError(f"--seed: expected an integer >= 0, got {args.seed}")
         config.train.seed = args.seed
         config.reader.seed = args.seed
+    if getattr(args, "accept_nonfinite", False):
+        config.train.accept_nonfinite = True
     nproc = config.train.world_size if args.nproc is None else args.nproc
     if nproc < 1:
         raise ConfigError(f"--nproc: expected an integer >= 1, got {nproc}")
@@ -118,7 +138,9 @@ def run_train(args: argparse.Namespace) -> int:
         # SIGTERM / SIGUSR1 to this launcher reach the workers (recd.train.signals); torchrun's
         # agent gives workers it shuts down this long to finish their checkpoint.
         os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_S))
-        with forward_signals_to_workers():
+        # The launcher owns the run directory for the whole job, before any worker exists
+        # (node 0's: it hosts rank 0, the one that writes); its workers find it the owner.
+        with _launcher_owns(config, nodes.node_rank == 0), forward_signals_to_workers():
             return launch_torchrun(
                 nproc,
                 _worker_args(args),
@@ -134,6 +156,28 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _launcher_owns(config: TrainConfig, owns: bool) -> Iterator[None]:
+    """Hold the run directory's lock (when ``owns``) and name this process its owner in the
+    workers' environment (``RECD_RUN_DIR_OWNER``) while the job runs."""
+    from recd.checkpoint.lock import OWNER_ENV, owner_token
+    from recd.train.loop import owning_run_directory
+
+    if not owns:
+        yield
+        return
+    before = os.environ.get(OWNER_ENV)
+    with owning_run_directory(config):
+        os.environ[OWNER_ENV] = owner_token()
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop(OWNER_ENV, None)
+            else:
+                os.environ[OWNER_ENV] = before
+
+
 def _worker_args(args: argparse.Namespace) -> list[str]:
     """The command of each torchrun worker: the same options with absolute paths, minus
     ``--nproc`` (a worker takes its world from torchrun's environment; torchrun's own parser
@@ -145,6 +189,8 @@ def _worker_args(args: argparse.Namespace) -> list[str]:
         out += ["--run-dir", str(args.run_dir.resolve())]
     if args.seed is not None:
         out += ["--seed", str(args.seed)]
+    if getattr(args, "accept_nonfinite", False):
+        out.append("--accept-nonfinite")
     # Restarted workers must pick up the newest checkpoint (a fresh start when there is none).
     if getattr(args, "resume", False) or getattr(args, "max_restarts", 0) > 0:
         out.append("--resume")

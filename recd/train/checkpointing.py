@@ -70,17 +70,30 @@ One JSON document, replaced atomically::
                      "200": {...}}}
 
 The entries are **keyed by checkpoint step** and kept for every checkpoint still on disk
-(entries of checkpoints that retention deleted are dropped at the next write), so resuming
+(retention drops the entries of the checkpoints it deletes, right after them), so resuming
 from an older checkpoint (the newest is corrupt: fallback) never pairs it with a newer reader
 position. A document without ``checkpoints`` (none yet, or fresh after ``recd pivot`` /
 ``recd fork``) means a fresh data policy: the run resumes the weights, m, v and step of the
 checkpoint, and the reader starts at the beginning of its partitions. A document whose
 entries miss the checkpoint's step is an error (:class:`recd.errors.SidecarError`).
 
+Ownership
+---------
+One trainer per run directory: rank 0 (or, with ``recd train --nproc``, the launcher before
+any worker starts) takes the directory's lock (``RUN_DIR/.lock``,
+:mod:`recd.checkpoint.lock`) before anything in it is read or written, and holds it for the
+whole run. Only then are the temp files of killed writers removed; a second trainer on a live
+run directory fails with ``RunDirectoryBusyError`` naming the live one's pid, having touched
+nothing.
+
 Resume (``recd train --resume``)
 --------------------------------
 Rank 0 picks the newest valid checkpoint (``newest_valid_checkpoint``: older ones are tried,
-with a warning, when the newest fails its size/header checks) and tells the other ranks.
+with one warning line per file skipped, when the newest fails its size/header checks or holds
+a NaN or an infinity in its weights, Adam m or Adam v: ``check_finite`` names the tensor and
+the first bad index; ``train.accept_nonfinite`` / ``--accept-nonfinite`` accepts them) and
+tells the other ranks. When checkpoints exist but none is usable the resume fails
+(``CheckpointCorruptError``) rather than starting afresh.
 Every rank restores weights, m, v and the optimizer's step counter from it (one process:
 the file is read into memory; several: each rank copies its own blocks out of the
 memory-mapped regions, so any world size loads any checkpoint), then its own reader position
@@ -110,6 +123,7 @@ import base64
 import dataclasses
 import datetime
 import logging
+import math
 import os
 import threading
 import time
@@ -137,7 +151,10 @@ from recd.checkpoint.atomic import (
 )
 from recd.checkpoint.format import (
     HEADER_BYTES,
+    CheckpointNonFiniteError,
     ParamLayout,
+    check_checkpoint_finite,
+    check_finite,
     checkpoint_size_bytes,
     pack_header,
     parse_checkpoint_step,
@@ -145,6 +162,7 @@ from recd.checkpoint.format import (
     read_checkpoint,
     validate_checkpoint,
 )
+from recd.checkpoint.lock import RunDirectoryLock, lock_run_directory
 from recd.checkpoint.retention import RetentionPolicy, apply_retention
 from recd.checkpoint.sidecars import (
     STATE_FILE,
@@ -155,7 +173,7 @@ from recd.checkpoint.sidecars import (
     read_state,
     utc_timestamp,
 )
-from recd.errors import CheckpointError, ConfigError, SidecarError
+from recd.errors import CheckpointCorruptError, CheckpointError, ConfigError, SidecarError
 from recd.optim import FlatState, ModelAdam
 from recd.train.config import TrainConfig
 from recd.train.history import json_safe
@@ -204,7 +222,8 @@ class ResumeInfo:
     fresh_policy: bool
     """No reader/RNG state for the step (after a pivot or fork): the reader starts over."""
     read_s: float = 0.0
-    """Validate the file and read its regions (one process: into memory)."""
+    """Choose the file: validate it, check its values are finite and (one process) read its
+    regions into memory; with the files skipped before it."""
     load_s: float = 0.0
     """Copy them into the model and optimizer, restore reader position and RNG."""
 
@@ -542,6 +561,7 @@ class Checkpointer:
         self._pg: Any = None
         self._job_tag = str(os.getpid())
         self._guarded: tuple[Any, bool, Any] | None = None
+        self._dir_lock: RunDirectoryLock | None = None
         self._closed = False
 
     # ------------------------------------------------------------------ set-up
@@ -593,10 +613,11 @@ class Checkpointer:
         return info
 
     def _prepare_directory(self, resume: bool) -> None:
-        """Rank 0: refuse to clobber a run, clean stray temp files, write ``_layout.json``."""
+        """Rank 0: own the directory (its lock, before anything else), refuse to clobber a
+        run, clean stray temp files, write ``_layout.json``. The other ranks wait for it."""
         assert self._layout is not None and self._trainer is not None
         if self.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._dir_lock = lock_run_directory(self.run_dir)  # held by run_training already
             existing = list_checkpoints(self.run_dir)
             history = read_loss_history(self.run_dir)
             if not resume and (existing or len(history.steps)):
@@ -646,11 +667,47 @@ class Checkpointer:
         return box[0]
 
     # ------------------------------------------------------------------ resume
+    def _choose_checkpoint(self, trainer: Trainer) -> tuple[Path | None, FlatState | None]:
+        """Rank 0: the newest checkpoint that validates and holds only finite values (unless
+        ``train.accept_nonfinite``), falling back past the others like past a truncated file
+        (one warning line each); one process: with its content, read once, here."""
+        layout = self._layout
+        accept = self.config.train.accept_nonfinite
+        loaded: dict[Path, FlatState] = {}
+        nonfinite: list[str] = []
+
+        def check(path: Path) -> None:
+            try:
+                if trainer.dist is None:
+                    params = read_checkpoint_flat(path, layout)
+                    if not accept:
+                        regions = (params.weights, params.adam_m, params.adam_v)
+                        check_finite(path, regions, layout=layout)
+                    loaded[path] = params
+                elif not accept:
+                    check_checkpoint_finite(path, layout)
+            except CheckpointNonFiniteError:
+                nonfinite.append(path.name)
+                raise
+
+        try:
+            path = newest_valid_checkpoint(self.run_dir, layout, check=check)
+        except CheckpointCorruptError as exc:
+            if not nonfinite:
+                raise
+            raise CheckpointCorruptError(
+                f"{exc}; no checkpoint with finite weights and Adam state is left to resume "
+                f"from (pass --accept-nonfinite to resume from {nonfinite[0]} regardless)"
+            ) from exc
+        return path, None if path is None else loaded.get(path)
+
     def _resume(self, trainer: Trainer) -> ResumeInfo:
         assert self._layout is not None
+        began = time.perf_counter()
         chosen = None
+        params: FlatState | None = None
         if self.is_main:
-            path = newest_valid_checkpoint(self.run_dir, self._layout)
+            path, params = self._choose_checkpoint(trainer)
             chosen = None if path is None else str(path)
         chosen = self._broadcast(chosen)
         if chosen is None:
@@ -658,9 +715,8 @@ class Checkpointer:
                 log.info("resume: no checkpoint in %s, starting from step 0", self.run_dir)
             return ResumeInfo(path=None, step=0, fresh_policy=True)
         path = Path(chosen)
-        began = time.perf_counter()
         if trainer.dist is None:
-            params = read_checkpoint_flat(path, self._layout)
+            assert params is not None  # read by _choose_checkpoint
         else:
             mapped = read_checkpoint(path, self._layout)  # each rank reads its own blocks
             params = FlatState(
@@ -900,7 +956,10 @@ class Checkpointer:
         x = logits.double().numpy()
         y = batch.labels.cpu().double().numpy()
         probs = 1.0 / (1.0 + np.exp(-x))
-        aucs = [roc_auc(x[:, t], y[:, t]) for t in range(y.shape[1])]
+        if np.isfinite(x).all():
+            aucs = [roc_auc(x[:, t], y[:, t]) for t in range(y.shape[1])]
+        else:  # a diverged model trained on with accept_nonfinite: no AUC (null)
+            aucs = [math.nan]
         return {
             "step": step,
             "reason": reason,
@@ -932,7 +991,9 @@ class Checkpointer:
         if not self.is_main:
             return
         size = final.stat().st_size
-        apply_retention(self.run_dir, self.policy, layout=self._layout)
+        deleted = apply_retention(self.run_dir, self.policy, layout=self._layout)
+        for gone in deleted:  # their .state.json entries went with them
+            self._state_doc["checkpoints"].pop(str(parse_checkpoint_step(gone.name)), None)
         self.stats.checkpoints += 1
         self.stats.steps.append(snapshot.step)
         self.stats.write_s.append(time.perf_counter() - began)
@@ -1013,6 +1074,9 @@ class Checkpointer:
             if self._losses is not None:
                 self._losses.close()
                 self._losses = None
+            if self._dir_lock is not None:
+                self._dir_lock.release()
+                self._dir_lock = None
 
 
 # ----------------------------------------------------------------------------- pivot
@@ -1038,20 +1102,22 @@ def prepare_pivot(
     from_checkpoint: str | os.PathLike[str] | int | None = None,
     note: dict[str, Any] | None = None,
     layout: ParamLayout | None = None,
+    accept_nonfinite: bool = False,
 ) -> PivotResult:
     """Archive the policy sidecars, keep ``.loss.json``, make ``from_checkpoint`` the newest.
 
     ``from_checkpoint``: a ``step_NNNNNN.bin`` of ``run_dir`` (a path or a step); default the
-    newest valid one. The run must not be training (its ``.loss.json`` lock is taken first,
+    newest valid one. The run must not be training (the run directory's lock is taken first,
     so a live trainer makes this fail before anything moves). ``note`` is stored in the
     ``branch`` record of ``.loss.json`` (e.g. the new config). ``layout``: the new config's
-    model, checked against the checkpoint before anything moves.
+    model, checked against the checkpoint before anything moves, like its values (a NaN or
+    an infinity is refused unless ``accept_nonfinite``).
     """
     directory = Path(run_dir)
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: no such run directory")
     layout = layout or read_layout_or_none(directory)
-    with LossLog(directory) as losses:  # refuses while a trainer holds the history
+    with lock_run_directory(directory), LossLog(directory) as losses:
         if from_checkpoint is None:
             source = newest_valid_checkpoint(directory, layout)
             if source is None:
@@ -1066,6 +1132,8 @@ def prepare_pivot(
                 "another run's checkpoint use `recd fork CKPT NEWDIR`"
             )
         header = validate_checkpoint(source, layout)
+        if not accept_nonfinite:
+            check_checkpoint_finite(source, layout)
         clean_stray_temp_files(directory)
         archive = archive_policy_sidecars(directory)
         newer = [

@@ -264,6 +264,11 @@ class RunSection:
     """torch intra-op threads per process (None: torch's default)."""
     plot: bool = True
     """Write the loss plot ``loss.png`` at the end."""
+    accept_nonfinite: bool = False
+    """Accept NaN / infinity (``recd train --accept-nonfinite``): resume from a checkpoint
+    whose weights or Adam state hold them, and train on when a step's loss is not finite.
+    False: such a checkpoint is skipped on resume like a corrupt one (the previous valid one
+    is used), and a non-finite loss stops training with an error naming the step."""
 
     def __post_init__(self) -> None:
         _check_int("train.steps", self.steps, minimum=1)

@@ -32,10 +32,19 @@ The tables are sharded by torchrec's DistributedModelParallel with the plan ``tr
 :class:`recd.train.sharding.ShardedAdam` updates everything (:mod:`recd.train.sharding`).
 Evaluation: every rank reads the whole held-out range (identical batches, as DMP's
 collectives need).
+
+Non-finite values: a step whose loss is NaN or infinite stops training at once with
+:class:`TrainingDivergedError` naming the step (its update has spoilt the weights; nothing of
+it is recorded or checkpointed), and so does an evaluation whose predictions are not finite;
+``train.accept_nonfinite`` (``--accept-nonfinite``) trains on instead (metrics NaN / null).
+
+One trainer per run directory: :func:`run_training` takes the directory's lock
+(:mod:`recd.checkpoint.lock`) before anything in it is touched and holds it to the end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -56,7 +65,8 @@ from tqdm import tqdm
 
 from recd.batch import Batch
 from recd.checkpoint.atomic import write_json_atomic
-from recd.errors import ConfigError
+from recd.checkpoint.lock import lock_run_directory
+from recd.errors import ConfigError, TrainingDivergedError
 from recd.models import DLRM, ModelConfig, bce_loss, dlrm_config, rm1_config
 from recd.optim import FlatState, ModelAdam
 from recd.progress import progress_bar
@@ -83,8 +93,10 @@ __all__ = [
     "TrainResult",
     "TrainState",
     "Trainer",
+    "TrainingDivergedError",
     "build_model_config",
     "format_summary",
+    "owning_run_directory",
     "prepare_reader",
     "run_training",
     "train_from_pipeline",
@@ -153,6 +165,8 @@ class TrainResult:
     already_done: bool = False
     """A resumed run that was already at ``train.steps``: nothing trained, no output
     rewritten."""
+    table_snapshot: int | None = None
+    """The Iceberg snapshot of the training table read (None: a Hive-layout table)."""
 
     @property
     def samples_per_s(self) -> float:
@@ -191,6 +205,7 @@ class TrainResult:
             "world_size": self.world_size,
             "run_dir": str(self.run_dir),
             "stop_reason": self.stop_reason,
+            "table_snapshot": self.table_snapshot,
         }
 
 
@@ -256,11 +271,21 @@ class Trainer:
 
         self.catalogue, self.reader_config = prepare_reader(config, self.rank, self.world_size)
         self.loader = ResumableLoader(self.reader_config)
+        if dist is not None and self.world_size > 1:
+            # Every rank reads the snapshot rank 0 planned on (an ETL run may commit between
+            # two ranks' plans).
+            agreed: list[int | None] = [self.table_snapshot]
+            torch.distributed.broadcast_object_list(agreed, src=0)
+            if agreed[0] != self.table_snapshot:
+                self.reader_config = dataclasses.replace(self.reader_config, snapshot=agreed[0])
+                self.loader = ResumableLoader(self.reader_config)
         self.eval_loader: ResumableLoader | None = None
         self._eval_start: dict[str, Any] | None = None
         if config.eval is not None:
             eval_config = dataclasses.replace(
-                config.eval_reader(), preprocessing=self.reader_config.preprocessing
+                config.eval_reader(),
+                preprocessing=self.reader_config.preprocessing,
+                snapshot=self.table_snapshot,  # the same table, read as the training reads it
             )
             self.eval_loader = ResumableLoader(eval_config)
             self._eval_start = self.eval_loader.state_dict()
@@ -309,14 +334,51 @@ class Trainer:
         x = torch.cat(logits).double().numpy()  # N x T
         y = torch.cat(labels).double().numpy()  # N x T
         tasks = range(y.shape[1])
+        finite = self._check_finite_predictions(x)
         return EvalResult(
             step=self.step,
             loss=bce_from_logits(x, y),
             ne=float(np.mean([normalized_entropy(x[:, t], y[:, t]) for t in tasks])),
-            auc=float(np.mean([roc_auc(x[:, t], y[:, t]) for t in tasks])),
+            auc=float(np.mean([roc_auc(x[:, t], y[:, t]) for t in tasks])) if finite else math.nan,
             rows=int(y.shape[0]),
             base_rate=float(y.mean()),
             seconds=time.perf_counter() - began,
+        )
+
+    def _check_finite_predictions(self, logits: np.ndarray) -> bool:
+        """Whether the held-out ``logits`` (N x T) are all finite; when not, raise
+        :class:`TrainingDivergedError` (or warn, with ``train.accept_nonfinite``)."""
+        finite = np.isfinite(logits)
+        if finite.all():
+            return True
+        assert self.config.eval is not None
+        message = (
+            f"evaluation at step {self.step} (run {self.config.train.run_dir}, held-out "
+            f"{self.config.reader.table} from {self.config.eval.start}): "
+            f"{logits.size - int(finite.sum()):,} of {logits.size:,} predictions are NaN or "
+            "infinite: the model's weights are no longer finite (training diverged; a resumed "
+            "checkpoint or an earlier step made them so)"
+        )
+        if not self.config.train.accept_nonfinite:
+            raise TrainingDivergedError(
+                f"{message}; pass --accept-nonfinite to evaluate it regardless (AUC NaN)"
+            )
+        log.warning("%s; AUC reported as NaN (train.accept_nonfinite)", message)
+        return False
+
+    def _diverged(self, step: int, loss: float) -> TrainingDivergedError:
+        """The error of a non-finite training loss at ``step``."""
+        resume = (
+            f"resume from the newest checkpoint in {self.config.checkpoint_dir} (the last "
+            "finite state) with a lower learning rate (optim.lr, optim.embedding_lr)"
+            if self.config.checkpoint.enabled
+            else "lower the learning rate (optim.lr, optim.embedding_lr)"
+        )
+        return TrainingDivergedError(
+            f"step {step}: the training loss is {loss} (not finite): training diverged and "
+            f"stopped before recording or checkpointing this step (run "
+            f"{self.config.train.run_dir}); {resume}, or pass --accept-nonfinite to train on "
+            "regardless"
         )
 
     # ------------------------------------------------------------------ the loop
@@ -344,6 +406,7 @@ class Trainer:
                 world_size=self.world_size,
                 run_dir=run_dir,
                 already_done=True,
+                table_snapshot=self.table_snapshot,
             )
         writer = _MetricsWriter(run_dir / METRICS_FILE, fresh=first_step == 0, enabled=self.is_main)
         if self.is_main:
@@ -365,6 +428,8 @@ class Trainer:
                 t0 = time.perf_counter()
                 batch = next(self._batches).to(self.device)
                 loss, rows = self.train_step(batch)
+                if not (math.isfinite(loss) or cfg.accept_nonfinite):
+                    raise self._diverged(self.step + 1, loss)  # the same on every rank
                 dt = time.perf_counter() - t0
                 self.step += 1
                 losses.append(loss)
@@ -402,6 +467,7 @@ class Trainer:
             world_size=self.world_size,
             run_dir=run_dir,
             stop_reason=self._stop_reason,
+            table_snapshot=self.table_snapshot,
         )
         if self.is_main:
             self._write_outputs(result)
@@ -438,9 +504,35 @@ class Trainer:
                 f"train state: optimizer step {state.params.step} != trainer step {state.step}"
             )
         self.optimizer.load_state(state.params)
+        self._read_snapshot(state.reader.get("snapshot"))
         self.loader.load_state_dict(state.reader)
         torch.set_rng_state(state.rng)
         self.step = state.step
+
+    @property
+    def table_snapshot(self) -> int | None:
+        """The Iceberg snapshot of the training table this run reads (None: a Hive-layout
+        table). A resume reads the snapshot the checkpoint's reader state names."""
+        return self.loader.plan.config.snapshot
+
+    def _read_snapshot(self, snapshot: int | None) -> None:
+        """Read ``snapshot`` of the table (training and held-out readers) from now on: the one
+        a checkpoint's reader position belongs to, even if later ETL runs have landed."""
+        if snapshot is None or snapshot == self.table_snapshot:
+            return
+        if self.is_main:
+            log.info(
+                "resume: reading snapshot %d of %s, as before (the table's current snapshot is %s)",
+                snapshot,
+                self.reader_config.table,
+                self.table_snapshot,
+            )
+        self.reader_config = dataclasses.replace(self.reader_config, snapshot=snapshot)
+        self.loader = ResumableLoader(self.reader_config)
+        if self.eval_loader is not None:
+            eval_config = dataclasses.replace(self.eval_loader.config, snapshot=snapshot)
+            self.eval_loader = ResumableLoader(eval_config)
+            self._eval_start = self.eval_loader.state_dict()
 
     def read_audit_batch(self) -> Batch:
         """The fixed batch of the sample audits (``.samples.json``), on this rank's device.
@@ -770,7 +862,9 @@ def run_training(
     runs after ``hooks``: checkpoints every ``checkpoint_every`` steps, on SIGTERM (then stops)
     and SIGUSR1, and at the end, with the run directory's sidecars. ``resume``: continue from
     the newest valid checkpoint of the run directory (a fresh start when there is none);
-    without it a run directory that already holds checkpoints is refused.
+    without it a run directory that already holds checkpoints is refused. The run directory is
+    owned (locked) for the whole call, before anything in it is touched
+    (:func:`owning_run_directory`).
     """
     from recd.train.checkpointing import Checkpointer
     from recd.train.signals import SignalFlags
@@ -780,7 +874,9 @@ def run_training(
     if use_checkpoints and threading.current_thread() is threading.main_thread():
         signals = SignalFlags().install()  # early: a SIGTERM during start-up is not fatal
     dist: DistContext | None = None
+    owner = contextlib.ExitStack()
     try:
+        owner = owning_run_directory(config)  # RunDirectoryBusyError: nothing touched
         if in_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
             dist = init_distributed(config.train.device)
             config.train.world_size = dist.world_size
@@ -807,8 +903,33 @@ def run_training(
     finally:
         if dist is not None:
             destroy_distributed()
+        owner.close()
         if signals is not None:
             signals.uninstall()
+
+
+def owning_run_directory(config: TrainConfig) -> contextlib.ExitStack:
+    """Own the run directory of ``config`` (and its checkpoint directory when that is another
+    one) until the returned stack is closed: their locks (:mod:`recd.checkpoint.lock`).
+
+    Taken by the process that writes there: the only one, or rank 0 of a torchrun job (whose
+    other ranks touch the directory only after rank 0's set-up barrier); a rank 0 under
+    ``recd train --nproc`` finds the lock held by its launcher and proceeds.
+    ``RunDirectoryBusyError`` (naming the live owner's pid) when another process owns it.
+    """
+    stack = contextlib.ExitStack()
+    if in_torchrun() and os.environ["RANK"] != "0":
+        return stack
+    directories = [config.train.run_dir]
+    if config.checkpoint.enabled:
+        directories.append(config.checkpoint_dir)
+    try:
+        for directory in dict.fromkeys(Path(d).resolve() for d in directories):
+            stack.enter_context(lock_run_directory(directory))
+    except BaseException:
+        stack.close()
+        raise
+    return stack
 
 
 def train_from_pipeline(

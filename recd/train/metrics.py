@@ -13,7 +13,8 @@ batch is flattened by the caller per task).
   when every label is equal (H(p) = 0) or there are no rows.
 * **AUC**: the probability that a random positive scores above a random negative, ties
   counting one half (Mann-Whitney U). Computed from the average ranks of the scores in one
-  sort, O(N log N); NaN when a class is absent. Monotone in the scores, so logits and
+  sort, O(N log N); NaN when a class is absent, an error on NaN scores (callers that accept a
+  diverged model check ``np.isfinite`` first). Monotone in the scores, so logits and
   probabilities give the same AUC.
 """
 
@@ -93,7 +94,10 @@ def roc_auc(scores: Any, labels: Any) -> float:
     if n_pos == 0 or n_neg == 0:
         return math.nan
     if np.isnan(s).any():
-        raise ConfigError("metrics: AUC of NaN scores")
+        raise ConfigError(
+            f"metrics: AUC of NaN scores ({int(np.isnan(s).sum()):,} of {s.size:,}): the model's "
+            "outputs are not finite (its weights or Adam state hold NaN/inf: training diverged)"
+        )
     order = np.argsort(s, kind="stable")
     sorted_scores = s[order]
     # Runs of equal scores: run k spans sorted positions [starts[k], ends[k]).

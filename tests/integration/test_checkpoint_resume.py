@@ -27,9 +27,11 @@ Then a second child resumes (``resume=True``) to step N. Every scenario must end
 exactly one record per step 1..12, bitwise equal to the reference's (the replayed steps after
 a resume are checked bitwise by the LossLog and never written twice).
 
-Also: falling back past a corrupt newest checkpoint, DataLoader workers surviving a signal
-sent to the whole process group, ``recd train`` + ``kill -TERM`` + ``recd train --resume`` as
-real commands, ``recd pivot`` and ``recd fork``.
+Also: falling back past a corrupt newest checkpoint (truncated, or a NaN in its Adam state:
+refused unless ``--accept-nonfinite``), a diverging run stopped at its first non-finite loss,
+``.state.json`` pruned with retention, DataLoader workers surviving a signal sent to the whole
+process group, ``recd train`` + ``kill -TERM`` + ``recd train --resume`` as real commands,
+``recd pivot`` and ``recd fork``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import random
 import re
@@ -50,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -57,18 +61,21 @@ from recd.checkpoint import (
     LOSS_FILE,
     SAMPLES_FILE,
     STATE_FILE,
+    check_checkpoint_finite,
     checkpoint_path,
     fork_run,
     list_checkpoints,
     newest_valid_checkpoint,
     read_checkpoint,
+    read_layout,
     read_loss_history,
     read_samples,
     read_state,
 )
-from recd.errors import ConfigError
+from recd.checkpoint.format import region_byte_offset
+from recd.errors import CheckpointCorruptError, ConfigError
 from recd.train.config import TrainConfig, load_train_config
-from recd.train.loop import Trainer, run_training
+from recd.train.loop import Trainer, TrainingDivergedError, run_training
 from tests.integration.test_train_job import recd_env, table, write_config
 
 __all__ = ["table"]  # the module-scoped fixture: the tiny table through the real ETL
@@ -357,6 +364,136 @@ def test_resume_falls_back_past_a_corrupt_newest_checkpoint(
     assert history.losses.tolist() == reference.losses  # 8..12 replayed, checked, not rewritten
     assert len(step_records(run_dir)) == N
     assert sha256(checkpoint_path(run_dir, 10)) == reference.sha[10]  # rewritten by the resume
+
+
+BIAS = "over_arch.model.1.bias"
+"""The output bias: a NaN in its Adam v turns every prediction NaN after the next update."""
+
+
+def put_nan(path: Path, region: str, tensor: str, element: int = 0) -> None:
+    """Overwrite one float of ``tensor`` in ``region`` with NaN, in place. The format has no
+    checksum: size and header stay valid, so only the finite check can catch it."""
+    layout = read_layout(path.parent)
+    with open(path, "r+b") as f:
+        f.seek(region_byte_offset(region, layout.n_params, layout.offset_of(tensor) + element))
+        f.write(np.array([np.nan], dtype="<f4").tobytes())
+
+
+def recd_train(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "recd", "train", "--config", str(config), *args]
+    return subprocess.run(command, env=recd_env(), capture_output=True, text=True, timeout=240)
+
+
+def warning_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if " WARNING " in line]
+
+
+def test_resume_refuses_a_checkpoint_with_nan_and_falls_back_to_the_previous_one(
+    reference: Reference, tmp_path: Path
+) -> None:
+    config, run_dir = scenario_config(reference, tmp_path)
+    shutil.copytree(reference.run_dir, run_dir)  # checkpoints 1..12, every one
+    newest = checkpoint_path(run_dir, N)
+    put_nan(newest, "adam_v", BIAS)
+    done = recd_train(config, "--resume")
+    assert done.returncode == 0, done.stderr[-3000:]
+    (warning,) = warning_lines(done.stderr)
+    assert f"skipping checkpoint {newest}" in warning
+    assert (
+        f"non-finite value nan in adam_v of tensor '{BIAS}' (shape (1,)) at index (0,)" in warning
+    )
+    assert f"resumed from {checkpoint_path(run_dir, N - 1)}" in done.stderr
+    # Step 12 replayed from 11 (checked bitwise against .loss.json) and written afresh.
+    assert sha256(newest) == reference.sha[N]
+    assert_matches_reference(reference, run_dir)
+
+
+def test_accept_nonfinite_resumes_from_the_nan_checkpoint_and_trains_on(
+    reference: Reference, tmp_path: Path
+) -> None:
+    config, run_dir = scenario_config(reference, tmp_path)
+    shutil.copytree(reference.run_dir, run_dir)
+    newest = checkpoint_path(run_dir, N)
+    put_nan(newest, "adam_v", BIAS)
+    done = recd_train(config, "--resume", "--accept-nonfinite", "--steps", str(N + 2))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"resumed from {newest} (step {N})" in done.stderr
+    records = {r["step"]: r["loss"] for r in step_records(run_dir)}
+    # Step 13's update spreads the NaN of v into the bias: step 14's loss is NaN.
+    assert isinstance(records[N + 1], float) and records[N + 2] == "NaN"
+    assert "predictions are NaN or infinite" in done.stderr  # the final evaluation
+    audits = {a["step"]: a for a in (read_samples(run_dir) or {})["audits"]}
+    assert audits[N + 2]["auc"] is None
+    with pytest.raises(CheckpointCorruptError, match="non-finite value nan in weights"):
+        check_checkpoint_finite(checkpoint_path(run_dir, N + 2), read_layout(run_dir))
+
+
+def test_no_finite_checkpoint_left_exits_2_with_one_line(
+    reference: Reference, tmp_path: Path
+) -> None:
+    config, run_dir = scenario_config(reference, tmp_path)
+    shutil.copytree(reference.run_dir, run_dir)
+    for path in list_checkpoints(run_dir):
+        if int(path.name[5:11]) != EVERY:
+            path.unlink()
+    only = checkpoint_path(run_dir, EVERY)
+    put_nan(only, "weights", "dense_arch.model._mlp.0._linear.weight", 3)
+    done = recd_train(config, "--resume")
+    assert done.returncode == 2
+    (error,) = [line for line in done.stderr.splitlines() if line.startswith("recd train:")]
+    assert error.startswith(f"recd train: error: {run_dir}: none of 1 checkpoints is valid:")
+    assert "'dense_arch.model._mlp.0._linear.weight' (shape (32, 2)) at index (1, 1)" in error
+    assert f"pass --accept-nonfinite to resume from {only.name} regardless" in error
+    assert "Traceback" not in done.stderr and len(step_records(run_dir)) == N  # untouched
+
+
+def test_a_nonfinite_loss_stops_training_naming_the_step(
+    reference: Reference, tmp_path: Path
+) -> None:
+    config, run_dir = scenario_config(reference, tmp_path)
+    cfg = load_train_config(config)
+    cfg.optim.lr = cfg.optim.embedding_lr = 1e30  # step 1's update overflows the weights
+    with pytest.raises(TrainingDivergedError) as caught:
+        run_training(cfg, show_progress=False)
+    message = str(caught.value)
+    assert message.startswith("step 2: the training loss is nan (not finite): training diverged")
+    assert str(run_dir) in message and "--accept-nonfinite" in message
+    assert [r["step"] for r in step_records(run_dir)] == [1]  # the NaN step is not recorded
+    assert list_checkpoints(run_dir) == []
+
+
+def test_evaluating_nan_weights_names_the_run_and_the_cause(
+    reference: Reference, tmp_path: Path
+) -> None:
+    config, run_dir = scenario_config(reference, tmp_path)
+    trainer = Trainer(load_train_config(config), show_progress=False)
+    try:
+        with torch.no_grad():
+            dict(trainer.model.named_parameters())[BIAS].fill_(math.nan)
+        with pytest.raises(TrainingDivergedError) as caught:
+            trainer.evaluate()
+        message = str(caught.value)
+        assert message.startswith(f"evaluation at step 0 (run {run_dir}, held-out ")
+        assert "512 of 512 predictions are NaN or infinite" in message
+        assert "training diverged" in message
+        trainer.config.train.accept_nonfinite = True
+        result = trainer.evaluate()
+        assert math.isnan(result.auc) and math.isnan(result.loss)
+    finally:
+        trainer.close()
+
+
+def test_state_json_keeps_entries_only_for_checkpoints_on_disk(
+    reference: Reference, tmp_path: Path
+) -> None:
+    config, run_dir = scenario_config(reference, tmp_path)
+    text = config.read_text().replace("checkpoint_every = 5", "checkpoint_every = 2")
+    config.write_text(text.replace("keep_last = 100", "keep_last = 2"))
+    run_training(load_train_config(config), show_progress=False)
+    on_disk = [int(p.name[5:11]) for p in list_checkpoints(run_dir)]
+    assert on_disk == [10, 12]
+    state = read_state(run_dir) or {}
+    assert sorted(int(s) for s in state["checkpoints"]) == on_disk
 
 
 def test_dataloader_workers_survive_signals_sent_to_the_whole_group(

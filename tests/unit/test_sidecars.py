@@ -21,10 +21,13 @@ from recd.checkpoint import (
     LossLog,
     ParamLayout,
     ParamSpec,
+    RetentionPolicy,
     SidecarError,
     append_sample_audit,
+    apply_retention,
     archive_policy_sidecars,
     checkpoint_path,
+    drop_state_entries,
     fork_run,
     read_checkpoint,
     read_loss_history,
@@ -180,6 +183,26 @@ def test_state_and_samples_are_whole_files_replaced_atomically(tmp_path: Path) -
     (tmp_path / STATE_FILE).write_text("[1, 2")
     with pytest.raises(SidecarError, match=r"\.state\.json: not valid JSON"):
         read_state(tmp_path)
+
+
+def test_retention_drops_the_state_entries_of_the_checkpoints_it_deletes(tmp_path: Path) -> None:
+    layout = ParamLayout(specs=(ParamSpec("w", (3,)),))
+    zeros = np.zeros(3, dtype=np.float32)
+    for step in (2, 4, 6, 8):
+        write_checkpoint(checkpoint_path(tmp_path, step), step, zeros, zeros, zeros, layout=layout)
+    entries = {str(s): {"step": s, "readers": [{"row": s}]} for s in (2, 4, 6, 8, 10)}
+    write_state(
+        tmp_path, {"format": "recd-train-state", "data_policy": {"p": 1}, "checkpoints": entries}
+    )
+    deleted = apply_retention(tmp_path, RetentionPolicy(keep_last=2, keep_every=0), layout=layout)
+    assert sorted(p.name for p in deleted) == ["step_000002.bin", "step_000004.bin"]
+    state = read_state(tmp_path)
+    assert state is not None and state["data_policy"] == {"p": 1}
+    # Only the deleted steps go: 10's checkpoint may be a write still in flight.
+    assert sorted(int(s) for s in state["checkpoints"]) == [6, 8, 10]
+    assert state["checkpoints"]["6"] == entries["6"]
+    assert drop_state_entries(tmp_path, [6, 7]) == [6]
+    assert drop_state_entries(tmp_path / "nowhere", [8]) == []
 
 
 def test_pivot_archive_moves_policy_files_and_never_touches_the_loss_history(
