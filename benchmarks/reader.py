@@ -75,14 +75,14 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recd.analyze import TableAnalysis, analyze_table
 from recd.batch import Batch, SparseFeatures
-from recd.etl.commit import committed_partition_dirs
 from recd.etl.partitions import format_time_ms
+from recd.etl.tables import committed_files
 from recd.ikjt import kjt_equal
 from recd.pipeline import reuse_or_build_tables
 from recd.reader import ReaderConfig, build_plan, keep_freed_memory
 from recd.reader.dataset import iter_tagged_batches
 from recd.reader.memory import MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES
-from recd.reader.plan import ReadPlan, list_table_files
+from recd.reader.plan import ReadPlan
 from recd.reader.stats import BatchTiming
 from recd.reader.transform import BatchTransform
 from recd.schema import Catalogue, SparseKind, load_catalogue
@@ -170,16 +170,15 @@ def leading_window(clustered: Path, unclustered: Path, *, min_rows: int = 0) -> 
     The first partition always stays. Returns ``end`` (None: no cut) and how many
     partitions the cut leaves out.
     """
-    a = committed_partition_dirs(clustered)
-    b = committed_partition_dirs(unclustered)
+    a = committed_files(clustered).partitions
+    b = committed_files(unclustered).partitions
     out: dict[str, Any] = {
         "end": None,
         "partitions": len(a),
         "partitions_left_out": 0,
         "min_partition_rows": min_rows,
     }
-    for i, ((pa_, da), (pb, db)) in enumerate(zip(a, b, strict=False)):
-        files_a, files_b = sorted(da.glob("*.parquet")), sorted(db.glob("*.parquet"))
+    for i, ((pa_, files_a), (pb, files_b)) in enumerate(zip(a, b, strict=False)):
         rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files_a)
         small = i > 0 and rows < min_rows  # the first partition always stays
         if pa_ != pb or len(files_a) != len(files_b) or small:
@@ -255,9 +254,12 @@ class TorchrecReference:
     """
 
     def __init__(self, config: ReaderConfig, transform: BatchTransform, plan: ReadPlan) -> None:
-        self.files = list_table_files(
-            Path(config.table), start_ms=config.start_ms, end_ms=config.end_ms
-        )
+        self.files = committed_files(
+            Path(config.table),
+            snapshot_id=plan.config.snapshot,
+            start_ms=config.start_ms,
+            end_ms=config.end_ms,
+        ).files
         self.batch_size = config.batch_size
         self.labels, self.dense, self.sparse = plan.labels, plan.dense, plan.sparse
         self.columns = [*self.labels, *self.dense, *self.sparse]
@@ -843,7 +845,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             min_rows=args.row_group_rows if args.window == "full" else 0,
         )
         if args.window != "all"
-        else {"end": None, "partitions": len(committed_partition_dirs(clustered))}
+        else {"end": None, "partitions": len(committed_files(clustered).partitions)}
     )
     end = str(window["end"]) if window["end"] is not None else None
     analyses = analyses_per_job(

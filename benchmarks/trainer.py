@@ -289,11 +289,11 @@ def prepare_tables(
 
 def partition_rows(table: Path) -> list[tuple[str, int]]:
     """``(ds/hour, rows)`` of every committed partition of ``table``, in time order."""
-    from recd.etl.commit import committed_partition_dirs
+    from recd.etl.tables import committed_files
 
     out = []
-    for partition, directory in committed_partition_dirs(table):
-        rows = sum(pq.ParquetFile(p).metadata.num_rows for p in sorted(directory.glob("*.parquet")))
+    for partition, files in committed_files(table).partitions:
+        rows = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
         out.append((f"{partition.ds}/{partition.hour:02d}", rows))
     return out
 

@@ -19,6 +19,7 @@ first checkpoint, and finishes the run with ``recd train --resume``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tomllib
@@ -26,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recd.config_types import typed_values
 from recd.errors import ConfigError
 
 
@@ -129,15 +131,29 @@ class PipelineConfig:
             raise ConfigError(
                 f"{path}: unknown section(s) {sorted(unknown)}; expected run, {', '.join(stages)}"
             )
-        try:
-            kwargs: dict[str, Any] = {
-                name: typ(**data.get(name, {})) for name, typ in stages.items()
-            }
-            work_dir = Path(data["run"]["work_dir"])
-        except KeyError as exc:
-            raise ConfigError(f"{path}: missing [run] work_dir") from exc
-        except TypeError as exc:
-            raise ConfigError(f"{path}: {exc}") from exc
+        kwargs: dict[str, Any] = {}
+        for name, typ in stages.items():
+            section = data.get(name, {})
+            if not isinstance(section, dict):
+                raise ConfigError(f"{path}: [{name}] must be a table, got {section!r}")
+            known = [f.name for f in dataclasses.fields(typ)]
+            unknown_keys = sorted(set(section) - set(known))
+            if unknown_keys:
+                raise ConfigError(
+                    f"{path}: [{name}] unknown key(s) {', '.join(unknown_keys)}; expected "
+                    f"{', '.join(known)}"
+                )
+            try:
+                kwargs[name] = typ(**typed_values(typ, section, name))
+            except ConfigError as exc:
+                raise ConfigError(f"{path}: {exc}") from exc
+        run = data.get("run", {})
+        if not isinstance(run, dict) or not isinstance(run.get("work_dir"), str):
+            raise ConfigError(f"{path}: missing [run] work_dir (a directory path)")
+        unknown_keys = sorted(set(run) - {"work_dir"})
+        if unknown_keys:
+            raise ConfigError(f"{path}: [run] unknown key(s) {', '.join(unknown_keys)}")
+        work_dir = Path(run["work_dir"])
         if not work_dir.is_absolute():
             work_dir = Path.cwd() / work_dir
         return cls(work_dir=work_dir, config_dir=path.parent.resolve(), **kwargs)

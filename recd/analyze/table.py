@@ -61,8 +61,8 @@ from recd.analyze.costs import (
     sparse_plan,
 )
 from recd.errors import ConfigError, SchemaError
-from recd.etl.commit import committed_partition_dirs
 from recd.etl.partitions import parse_time_ms
+from recd.etl.tables import committed_files
 from recd.jagged import (
     JaggedColumn,
     find_distinct_stacked,
@@ -306,8 +306,8 @@ def _iter_partitions(
 ) -> Iterator[tuple[str, pa.Table]]:
     start_ms = parse_time_ms(start, field="start") if start else None
     end_ms = parse_time_ms(end, field="end") if end else None
-    for partition, directory in committed_partition_dirs(table, start_ms=start_ms, end_ms=end_ms):
-        files = sorted(p for p in directory.glob("*.parquet") if not p.name.startswith(("_", ".")))
+    view = committed_files(table, start_ms=start_ms, end_ms=end_ms)
+    for partition, files in view.partitions:
         parts = []
         for path in files:
             schema = pq.read_schema(path)
@@ -329,13 +329,11 @@ def table_sparse_features(table: str | Path) -> list[str]:
 
 
 def _read_catalogue(table: Path) -> Catalogue | None:
-    for _, directory in committed_partition_dirs(table):
-        for path in sorted(directory.glob("*.parquet")):
-            if not path.name.startswith(("_", ".")):
-                schema = pq.read_schema(path)
-                if schema.metadata and CATALOGUE_METADATA_KEY in schema.metadata:
-                    return catalogue_from_schema(schema, source=str(path))
-                return None
+    for path in committed_files(table).files:
+        schema = pq.read_schema(path)
+        if schema.metadata and CATALOGUE_METADATA_KEY in schema.metadata:
+            return catalogue_from_schema(schema, source=str(path))
+        return None
     return None
 
 

@@ -20,6 +20,7 @@ from recd.errors import RecdError
 COMMAND_MODULES = (
     "logs",
     "etl",
+    "table",
     "analyze",
     "train",
     "predict",

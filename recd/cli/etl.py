@@ -10,6 +10,7 @@ from recd.etl.config import (
     DICTIONARY_MODES,
     ENGINES,
     ON_BAD_ROWS,
+    TABLE_FORMATS,
     EtlConfig,
 )
 from recd.etl.local import run_etl
@@ -21,9 +22,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "etl",
         help="cluster shards by session into hourly Parquet partitions (O2)",
         description=(
-            "Read the session shards of a time window and write Hive-style partitions "
+            "Read the session shards of a time window and write hourly partitions "
             "TABLE/ds=YYYY-MM-DD/hour=HH/part-*.parquet, rows clustered by session_id and "
-            "sorted by ts inside each session (--baseline: arrival order), committed atomically."
+            "sorted by ts inside each session (--baseline: arrival order). A new table is an "
+            "Iceberg table: the whole run becomes visible in one commit, or nothing of it "
+            "(see docs/tables.md)."
         ),
     )
     parser.add_argument(
@@ -77,6 +80,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         "row, field), or quarantine it under TABLE/_quarantine/ and count it",
     )
     parser.add_argument(
+        "--table-format",
+        choices=TABLE_FORMATS,
+        default=None,
+        help="iceberg: one snapshot per run (all or nothing); hive: each hour's directory "
+        "commits on its own (default: the table's format; iceberg for a new table)",
+    )
+    parser.add_argument(
+        "--catalog",
+        metavar="NAME",
+        help="Iceberg: register a new table in this pyiceberg catalog (configured in "
+        "~/.pyiceberg.yaml or PYICEBERG_CATALOG__NAME__* variables); default: an embedded "
+        "SQLite catalog in TABLE/_iceberg/",
+    )
+    parser.add_argument(
+        "--table-identifier",
+        metavar="NS.NAME",
+        help="Iceberg: the new table's name in its catalog (default recd.table)",
+    )
+    parser.add_argument(
         "--engine", choices=ENGINES, default="local", help="local (embedded) or spark"
     )
     parser.add_argument(
@@ -117,6 +139,9 @@ def _run(args: argparse.Namespace) -> int:
         workers=args.workers,
         layout=args.layout,
         dedup_features=args.dedup_features,
+        table_format=args.table_format,
+        catalog=args.catalog,
+        table_identifier=args.table_identifier,
     )
     report = run_etl(config)
     print(f"recd etl: {config.shard_dir} -> {config.table_dir}")

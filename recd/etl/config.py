@@ -14,6 +14,7 @@ from recd.layout import LAYOUTS
 from recd.schema import Catalogue
 
 ENGINES = ("local", "spark")
+TABLE_FORMATS = ("iceberg", "hive")
 DICTIONARY_MODES = ("auto", "all", "none")
 ON_BAD_ROWS = ("fail", "quarantine")
 ZSTD_LEVELS = range(1, 23)
@@ -72,6 +73,16 @@ class EtlConfig:
     ``recd.layout.MAX_STORED_FRACTION`` of their ids on the ETL's sample whose encoded columns
     take at most ``MAX_SIZE_RATIO`` times the plain column's bytes there (features changing
     on the same rows decided together; see docs/layout.md)."""
+    table_format: str | None = None
+    """``iceberg`` (one Iceberg snapshot per run: the run becomes visible all at once or not
+    at all; recd.etl.iceberg) or ``hive`` (each hour's directory commits on its own). None: the
+    table's own format, ``iceberg`` for a new table. See docs/tables.md."""
+    catalog: str | None = None
+    """Iceberg: the pyiceberg catalog to register a new table in (a name configured in
+    ``~/.pyiceberg.yaml`` or ``PYICEBERG_CATALOG__<NAME>__*``). None: an embedded SQLite catalog
+    in ``TABLE/_iceberg/``. An existing table keeps the catalog it was created in."""
+    table_identifier: str | None = None
+    """Iceberg: ``namespace.name`` of a new table in its catalog (default ``recd.table``)."""
     workers: int | None = None
     """Threads of the local engine (pyarrow's kernels release the GIL). 1: serial. 2 or more:
     a reader thread prepares (decodes, validates, sorts) the next shard-pass while this thread
@@ -99,6 +110,10 @@ class EtlConfig:
         _check_choice("on_bad_rows", self.on_bad_rows, ON_BAD_ROWS)
         _check_choice("engine", self.engine, ENGINES)
         _check_choice("layout", self.layout, LAYOUTS)
+        if self.table_format is not None:
+            _check_choice("table_format", self.table_format, TABLE_FORMATS)
+        if self.table_format == "hive" and (self.catalog or self.table_identifier):
+            raise ConfigError("catalog and table_identifier are Iceberg options")
         if self.dedup_features is not None and self.layout != "dedup":
             raise ConfigError("dedup_features is only used with layout 'dedup'")
         start_ms, end_ms = self.start_ms, self.end_ms
@@ -180,6 +195,10 @@ class EtlReport:
     """Parquet files committed."""
     bytes_out: int = 0
     """Bytes of the committed Parquet files."""
+    table_format: str = "iceberg"
+    """The table's format: ``iceberg`` or ``hive``."""
+    snapshot_id: int | None = None
+    """The Iceberg snapshot this run committed (None for a Hive-layout table)."""
     row_groups_flushed_early: int = 0
     """Row groups written with fewer than ``row_group_rows`` rows before their file's end
     because the write buffers reached their memory cap (local engine)."""
@@ -229,6 +248,8 @@ class EtlReport:
             f"peak RSS {self.peak_rss_bytes / 2**20:.0f} MiB  "
             f"({'clustered by session' if self.clustered else 'baseline arrival order'}"
             f"{', dedup layout' if self.layout == 'dedup' else ''})",
+            f"committed: {self.table_format} table"
+            + (f", snapshot {self.snapshot_id}" if self.snapshot_id is not None else ""),
         ]
         if self.blocks_quarantined or self.frames_quarantined:
             lines.append(

@@ -93,8 +93,6 @@ import pyarrow.parquet as pq
 from recd.errors import ConfigError, SchemaError
 from recd.etl.commit import (
     QUARANTINE_DIR,
-    clean_stale,
-    commit_partitions,
     lock_table,
     new_run_id,
     staging_dir,
@@ -108,6 +106,7 @@ from recd.etl.encodings import (
     smallest_bytes,
 )
 from recd.etl.partitions import Partition, hour_ids
+from recd.etl.tables import commit_and_report, prepare_table
 from recd.etl.validate import (
     BlockValidator,
     Frame,
@@ -793,11 +792,7 @@ class LocalEtl:
             )
         jobs = self._plan_jobs(shards)
         with lock_table(self.config.table_dir):
-            stale = clean_stale(self.config.table_dir)
-            if stale:
-                log.info(
-                    "cleaned %d leftovers of crashed runs in %s", len(stale), self.config.table_dir
-                )
+            table_format = prepare_table(self.config)
             try:
                 self._run_jobs(jobs)
                 if self.writers is not None:  # every file complete before anything is committed
@@ -812,19 +807,14 @@ class LocalEtl:
                     self.quarantine.close()
             self._count_quarantine()
             rows_per_partition = {} if self.writers is None else self.writers.rows_per_partition
-            self.report.rows_out = sum(rows_per_partition.values())
-            self.report.rows_per_partition = {
-                p.relpath: n for p, n in sorted(rows_per_partition.items())
-            }
-            self.report.check_row_accounting()
-            records = commit_partitions(
-                self.config.table_dir, self.staging, rows_per_partition, run_id=self.run_id
+            commit_and_report(
+                self.config,
+                self.staging,
+                rows_per_partition,
+                self.report,
+                table_format=table_format,
             )
-        assert sum(r.rows for r in records) == self.report.rows_out, "committed rows differ"
         report = self.report
-        report.partitions = len(records)
-        report.files = sum(len(r.files) for r in records)
-        report.bytes_out = sum(f.bytes for r in records for f in r.files)
         report.row_groups_flushed_early = 0 if self.writers is None else self.writers.early_flushes
         report.seconds = time.perf_counter() - started
         report.rows_per_s = report.rows_in / report.seconds if report.seconds > 0 else 0.0

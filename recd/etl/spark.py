@@ -134,8 +134,6 @@ import recd.errors
 from recd.errors import BadRowError, ConfigError, RecdError, SchemaError
 from recd.etl.commit import (
     QUARANTINE_DIR,
-    clean_stale,
-    commit_partitions,
     data_files,
     lock_table,
     new_run_id,
@@ -157,6 +155,7 @@ from recd.etl.local import (
     peak_rss_bytes,
 )
 from recd.etl.partitions import MS_PER_HOUR, Partition, hour_ids, parse_partition_dir
+from recd.etl.tables import commit_and_report, prepare_table
 from recd.etl.validate import (
     FRAME_HEADER_BYTES,
     ZSTD_MAX_FRAME_HEADER_BYTES,
@@ -773,9 +772,7 @@ class SparkEtl:
     def run(self, spark: SparkSession) -> EtlReport:
         shards = list_shards(self.config.shard_dir)
         with lock_table(self.table_dir):
-            stale = clean_stale(self.table_dir)
-            if stale:
-                log.info("cleaned %d leftovers of crashed runs in %s", len(stale), self.table_dir)
+            table_format = prepare_table(self.config)
             try:
                 self.staging.mkdir(parents=True)
                 units = plan_units(
@@ -796,18 +793,9 @@ class SparkEtl:
                 partition = parse_partition_dir(*relpath.split("/"))
                 assert partition is not None, relpath
                 rows_per_partition[partition] = rows_per_partition.get(partition, 0) + rows
-            report.rows_out = sum(rows_per_partition.values())
-            report.rows_per_partition = {
-                p.relpath: n for p, n in sorted(rows_per_partition.items())
-            }
-            report.check_row_accounting()
-            records = commit_partitions(
-                self.table_dir, self.staging, rows_per_partition, run_id=self.run_id
+            commit_and_report(
+                self.config, self.staging, rows_per_partition, report, table_format=table_format
             )
-        assert sum(r.rows for r in records) == report.rows_out, "committed rows differ"
-        report.partitions = len(records)
-        report.files = sum(len(r.files) for r in records)
-        report.bytes_out = sum(f.bytes for r in records for f in r.files)
         report.peak_rss_bytes = peak_rss_bytes()
         return report
 

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import zstandard
 
-from recd.errors import SchemaError
+from recd.errors import ConfigError, SchemaError
 from recd.schema import Catalogue
 
 CATALOGUE_FILE = "_catalogue.json"
@@ -47,6 +47,8 @@ def write_catalogue(directory: Path, catalogue: Catalogue) -> None:
 
 def read_catalogue(directory: Path) -> Catalogue:
     path = directory / CATALOGUE_FILE
+    if not directory.is_dir():
+        raise ConfigError(f"{directory}: directory does not exist")
     if not path.is_file():
         raise SchemaError(
             f"{directory}: no {CATALOGUE_FILE}: not a recd raw-log or shard directory"

@@ -48,7 +48,8 @@ PREPROCESS_KINDS: dict[str, tuple[str, ...]] = {
 _NUMERIC_KEYS: dict[str, tuple[str, ...]] = {"clamp": ("min", "max"), "normalize": ("mean", "std")}
 SPARSE_PREPROCESS_KINDS = ("hash_modulo", "truncate_last")
 # Fields that do not change which batches come out (nor their order), hence not fingerprinted.
-_NOT_FINGERPRINTED = ("num_epochs", "prefetch_factor", "pin_memory")
+# ``snapshot`` is left out because the plan's fingerprint covers the files it selects.
+_NOT_FINGERPRINTED = ("num_epochs", "prefetch_factor", "pin_memory", "snapshot")
 
 
 class Shuffle(StrEnum):
@@ -66,8 +67,11 @@ class ReaderConfig:
     """What one reader (one trainer rank and its worker processes) reads, and in which order."""
 
     table: str
-    """Table directory: ``TABLE/ds=YYYY-MM-DD/hour=HH/part-*.parquet``; only partitions with
-    ``_SUCCESS`` are read."""
+    """Table directory written by ``recd etl``: only committed files are read (an Iceberg
+    table's snapshot, or a Hive-layout table's partitions holding ``_SUCCESS``)."""
+    snapshot: int | None = None
+    """Iceberg table: the snapshot to read (None: the current one when the plan is built; a
+    training run records the one it read and a resume reads that one again)."""
     start: str | None = None
     """Read partitions whose hour starts at or after this time (inclusive): ISO 8601
     (``2026-11-01T03:00``, naive = UTC), a date, or ``YYYY-MM-DD/HH``; None: unbounded."""

@@ -267,6 +267,7 @@ class ResumableLoader:
             "config_fingerprint": self.config.fingerprint(),
             "plan_fingerprint": self.plan.fingerprint(),
             "position_fields": self.config.position_fields(),
+            "snapshot": self.plan.config.snapshot,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -283,6 +284,13 @@ class ResumableLoader:
             diff = [k for k in now if saved.get(k) != now[k]]
             detail = ", ".join(f"reader.{k}: saved {saved.get(k)!r}, now {now[k]!r}" for k in diff)
             raise ConfigError(f"reader state was saved with another config ({detail})")
+        saved_snapshot = state.get("snapshot")
+        if saved_snapshot is not None and saved_snapshot != self.plan.config.snapshot:
+            raise ConfigError(
+                f"reader state: saved while reading snapshot {saved_snapshot} of "
+                f"{self.config.table}, but this reader reads snapshot "
+                f"{self.plan.config.snapshot} (set reader.snapshot = {saved_snapshot})"
+            )
         if state["plan_fingerprint"] != self.plan.fingerprint():
             raise ConfigError(
                 f"reader state: the units of {self.config.table} changed since the state was "

@@ -4,8 +4,9 @@ Built once in the main process (``build_plan``) from the Parquet footers of the 
 partitions, validated against the config, then pickled to the DataLoader workers.
 
 * **Units.** One unit per non-empty (file, row group), listed in table order: partitions by
-  (ds, hour), files by name, row groups by index. Only partitions holding ``_SUCCESS`` count;
-  names starting with ``_`` or ``.`` are ignored at every level.
+  (ds, hour), files by name, row groups by index. Only committed files count: those of one
+  Iceberg snapshot (``config.snapshot``, or the current one, which the plan's config records),
+  or of a Hive-layout table's partitions holding ``_SUCCESS`` (recd.etl.tables).
 * **Order per epoch.** ``shuffle`` permutes the units with a generator seeded by
   ``(seed, epoch)``: ``file`` permutes files (a file's row groups stay in order), ``row_group``
   and ``session`` permute units (``session`` also permutes whole sessions inside each row
@@ -33,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recd.errors import ConfigError, SchemaError
-from recd.etl.commit import committed_partition_dirs
+from recd.etl.tables import committed_files
 from recd.layout import Layout, layout_of, new_ids_column
 from recd.layout_read import stacked_columns
 from recd.reader.config import SPARSE_PREPROCESS_KINDS, ReaderConfig, Shuffle
@@ -79,7 +80,8 @@ class ReadPlan:
     """Validated units and resolved columns of one reader config."""
 
     config: ReaderConfig
-    """The config the plan was built from."""
+    """The config the plan was built from, with ``snapshot`` set to the Iceberg snapshot read
+    (None for a Hive-layout table)."""
     catalogue: Catalogue | None
     """The table's catalogue (from the Parquet schema metadata), if it has one."""
     labels: list[str]
@@ -201,22 +203,6 @@ def session_order(session_ids: np.ndarray, *, seed: int, epoch: int, unit: int) 
     return (starts[perm][run_of_row] + within).astype(np.int64)
 
 
-def list_table_files(
-    table: Path, *, start_ms: int | None = None, end_ms: int | None = None
-) -> list[Path]:
-    """Data files (``*.parquet``) of the committed partitions, in table order."""
-    files: list[Path] = []
-    for _, directory in committed_partition_dirs(table, start_ms=start_ms, end_ms=end_ms):
-        files.extend(
-            sorted(
-                p
-                for p in directory.iterdir()
-                if p.suffix == ".parquet" and not p.name.startswith(("_", ".")) and p.is_file()
-            )
-        )
-    return files
-
-
 def build_plan(config: ReaderConfig) -> ReadPlan:
     """List and validate the units of ``config``'s table (reads every file's footer once).
 
@@ -226,7 +212,10 @@ def build_plan(config: ReaderConfig) -> ReadPlan:
     table = Path(config.table)
     if not table.is_dir():
         raise ConfigError(f"reader.table: {table} is not a directory")
-    files = list_table_files(table, start_ms=config.start_ms, end_ms=config.end_ms)
+    committed = committed_files(
+        table, snapshot_id=config.snapshot, start_ms=config.start_ms, end_ms=config.end_ms
+    )
+    files = committed.files
     if not files:
         window = f"[{config.start or '-inf'}, {config.end or '+inf'})"
         raise ConfigError(
@@ -266,7 +255,7 @@ def build_plan(config: ReaderConfig) -> ReadPlan:
                 )
             first_row += group.num_rows
     return ReadPlan(
-        config=config,
+        config=dataclasses.replace(config, snapshot=committed.snapshot_id),
         catalogue=catalogue,
         labels=labels,
         dense=dense,

@@ -1,8 +1,12 @@
-"""A real ETL process SIGKILLed mid-run leaves no visible partial partition; a re-run completes.
+"""A real ETL process SIGKILLed mid-run leaves nothing partial visible; a re-run completes.
+
+Iceberg tables (the default) show a killed run not at all: a reader sees the table exactly as
+before the run. Hive-layout tables commit hour by hour: each partition is old or new.
 
 The child slows down deterministically through the documented test hooks
 ``RECD_ETL_TEST_SHARD_DELAY_S`` (sleep after each shard pass is staged) and
-``RECD_ETL_TEST_COMMIT_DELAY_S`` (sleep before each partition is renamed into place). It writes
+``RECD_ETL_TEST_COMMIT_DELAY_S`` (Hive: sleep before each partition is renamed into place;
+Iceberg: between moving the run's files into the partition directories and the commit). It writes
 row groups of ROW_GROUP_ROWS rows, so that the partitions' files (open across all shards) are
 being written while shards are still read: the first kill hits half-written Parquet files.
 """
@@ -10,6 +14,7 @@ being written while shards are still read: the first kill hits half-written Parq
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -48,8 +53,10 @@ from recd.etl.commit import (
     verify_partition,
 )
 from recd.etl.config import EtlConfig
+from recd.etl.iceberg import load_table, referenced_paths
 from recd.etl.local import SHARD_DELAY_ENV, run_etl
 from recd.etl.partitions import iter_partition_dirs
+from recd.etl.tables import committed_files
 from recd.schema import REQUEST_ID, TS, Catalogue
 
 ROW_GROUP_ROWS = 16
@@ -57,9 +64,10 @@ CHILD = f"""
 import sys
 from pathlib import Path
 from recd.etl.config import EtlConfig
+from recd.etl.iceberg import load_table, referenced_paths
 from recd.etl.local import run_etl
 run_etl(EtlConfig(shard_dir=Path(sys.argv[1]), table_dir=Path(sys.argv[2]), show_progress=False,
-                  row_group_rows={ROW_GROUP_ROWS}))
+                  row_group_rows={ROW_GROUP_ROWS}, table_format=sys.argv[3]))
 print("finished")
 """
 
@@ -77,9 +85,11 @@ def shard_dir(tmp_path: Path, tiny_catalogue: Catalogue, rows: pa.Table) -> Path
     return tmp_path / "shards"
 
 
-def start_child(shard_dir: Path, table: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+def start_child(
+    shard_dir: Path, table: Path, env: dict[str, str], table_format: str = "hive"
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(shard_dir), str(table)],
+        [sys.executable, "-c", CHILD, str(shard_dir), str(table), table_format],
         env={**os.environ, "RECD_PROGRESS": "0", **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -112,16 +122,23 @@ def assert_no_partial_partition(table: Path, rows: pa.Table) -> None:
         assert got.replace_schema_metadata(None).sort_by(REQUEST_ID).equals(expected), path
 
 
-def rerun_completes(shard_dir: Path, table: Path, rows: pa.Table) -> None:
+def rerun_completes(
+    shard_dir: Path, table: Path, rows: pa.Table, table_format: str = "hive"
+) -> None:
     report = run_etl(
         EtlConfig(
-            shard_dir=shard_dir, table_dir=table, show_progress=False, row_group_rows=ROW_GROUP_ROWS
+            shard_dir=shard_dir,
+            table_dir=table,
+            show_progress=False,
+            row_group_rows=ROW_GROUP_ROWS,
+            table_format=table_format,
         )
     )
     assert report.rows_out == report.rows_in == rows.num_rows
     assert all_rows(table).equals(rows.sort_by(REQUEST_ID))
     assert all(sessions_clustered(t) for _, _, t in read_committed(table))
-    assert_no_partial_partition(table, rows)
+    if table_format == "hive":
+        assert_no_partial_partition(table, rows)
     assert not list(table.glob(f"{STAGING_PREFIX}*")) and not list(
         table.glob(f"ds=*/{TRASH_PREFIX}*")
     )
@@ -150,11 +167,17 @@ def test_kill_mid_commit_over_an_old_table_leaves_each_partition_old_or_new(
 ) -> None:
     table = tmp_path / "table"
     baseline = run_etl(
-        EtlConfig(shard_dir=shard_dir, table_dir=table, baseline=True, show_progress=False)
+        EtlConfig(
+            shard_dir=shard_dir,
+            table_dir=table,
+            baseline=True,
+            show_progress=False,
+            table_format="hive",
+        )
     )
     assert baseline.partitions >= 5
     old = markers(table)
-    child = start_child(shard_dir, table, {COMMIT_DELAY_ENV: "0.5"})
+    child = start_child(shard_dir, table, {COMMIT_DELAY_ENV: "0.5"}, "hive")
     staged_success = f"{STAGING_PREFIX}*/ds=*/hour=*/{SUCCESS_FILE}"
     kill_when(child, lambda: any(table.glob(staged_success)), after_s=0.7)
     assert_no_partial_partition(table, rows)
@@ -180,3 +203,84 @@ def test_kill_mid_commit_of_a_fresh_table_then_rerun(
     assert 1 <= len(committed) < len(set((rows.column(TS).to_numpy() // MS_PER_HOUR).tolist()))
     assert_no_partial_partition(table, rows)
     rerun_completes(shard_dir, table, rows)
+
+
+# ------------------------------------------------------------------------------ Iceberg
+def run_tags(table: Path) -> set[str]:
+    """The run tags (``part-<tag>-NNNNN``) of the files a reader sees now."""
+    return {p.name.split("-")[1] for p in committed_files(table).files}
+
+
+def test_iceberg_kill_while_staging_leaves_nothing_visible(
+    tmp_path: Path, shard_dir: Path, rows: pa.Table
+) -> None:
+    table = tmp_path / "table"
+    child = start_child(shard_dir, table, {SHARD_DELAY_ENV: "0.3"}, "iceberg")
+    staged = f"{STAGING_PREFIX}*/ds=*/hour=*/part-00000.parquet"
+    kill_when(child, lambda: any(table.glob(staged)))
+    assert committed_files(table).files == []
+    rerun_completes(shard_dir, table, rows, "iceberg")
+
+
+def test_iceberg_kill_between_files_and_commit_shows_the_old_run_whole(
+    tmp_path: Path, shard_dir: Path, rows: pa.Table
+) -> None:
+    table = tmp_path / "table"
+    run_etl(EtlConfig(shard_dir=shard_dir, table_dir=table, baseline=True, show_progress=False))
+    before = committed_files(table)
+    child = start_child(shard_dir, table, {COMMIT_DELAY_ENV: "30"}, "iceberg")
+    # Files moved into the partition directories, beside the old ones, not yet committed.
+    kill_when(child, lambda: len(list(table.glob("ds=*/hour=*/*.parquet"))) > len(before.files))
+    after_kill = committed_files(table)
+    assert after_kill == before, "a reader sees something of the killed run"
+    assert all_rows(table).equals(rows.sort_by(REQUEST_ID))
+    assert not all(sessions_clustered(t) for _, _, t in read_committed(table))  # the old run
+    rerun_completes(shard_dir, table, rows, "iceberg")
+    # The killed run's files were cleaned up; the old run's stay for its snapshot.
+    on_disk = {p.name.split("-")[1] for p in table.glob("ds=*/hour=*/*.parquet")}
+    assert on_disk == run_tags(table) | {p.name.split("-")[1] for p in before.files}
+
+
+def test_iceberg_kill_campaign_reader_never_sees_a_partial_run(
+    tmp_path: Path, shard_dir: Path, rows: pa.Table
+) -> None:
+    """SIGKILL at random moments of real runs over a committed table: after every kill a
+    reader sees exactly one whole run (all rows, files of one run), and a final rerun leaves
+    every row once and no leftovers."""
+    table = tmp_path / "table"
+    run_etl(EtlConfig(shard_dir=shard_dir, table_dir=table, baseline=True, show_progress=False))
+    delays = {SHARD_DELAY_ENV: "0.05", COMMIT_DELAY_ENV: "0.3"}
+    started = time.monotonic()
+    clean = start_child(shard_dir, table, delays, "iceberg")
+    _, err = clean.communicate(timeout=120)
+    assert clean.returncode == 0, err.decode()
+    duration = time.monotonic() - started
+    rng = random.Random(7)
+    outcomes = {"killed, old run visible": 0, "killed, new run visible": 0, "finished": 0}
+    kills = attempts = 0
+    while kills < 10 and attempts < 25:
+        attempts += 1
+        tags_before = run_tags(table)
+        child = start_child(shard_dir, table, delays, "iceberg")
+        try:
+            child.wait(timeout=rng.uniform(0.2, duration * 1.05))
+        except subprocess.TimeoutExpired:
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=30)
+        if child.returncode == 0:
+            outcomes["finished"] += 1
+        else:
+            assert child.returncode == -signal.SIGKILL, child.communicate()
+            kills += 1
+            tags = run_tags(table)
+            assert len(tags) == 1, f"files of several runs visible: {tags}"
+            key = "old" if tags == tags_before else "new"
+            outcomes[f"killed, {key} run visible"] += 1
+        assert all_rows(table).equals(rows.sort_by(REQUEST_ID)), outcomes
+    print(f"kill campaign: {outcomes}")
+    assert kills >= 10, outcomes
+    rerun_completes(shard_dir, table, rows, "iceberg")
+    live = {p.resolve() for p in committed_files(table).files}
+    referenced = referenced_paths(load_table(table))
+    on_disk = {p.resolve() for p in table.glob("ds=*/hour=*/*.parquet")}
+    assert live <= referenced and on_disk == referenced, "files of killed runs left behind"

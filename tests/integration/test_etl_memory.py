@@ -2,7 +2,8 @@
 
 A child process runs the ETL on a table ~8x the budget; it reports its peak RSS (``VmHWM``,
 which starts afresh at exec, unlike ``ru_maxrss`` which includes the parent's RSS at fork)
-after imports (the baseline) and at the end. The bounded run must stay under
+after imports (the baseline: those of the Iceberg commit included, which the ETL makes
+lazily) and at the end. The bounded run must stay under
 baseline + FIXED_OVERHEAD + BUDGET_MULTIPLE x budget; a control run of the same data with no
 budget (one pass per shard) must use clearly more. The partition writers' row buffers are
 inside the budget (a quarter of it; passes get the rest), so the bound is the same as when
@@ -40,6 +41,7 @@ CHILD = """
 import json, sys
 from pathlib import Path
 import pyarrow.parquet
+import pyiceberg.catalog.sql, pyiceberg.io.pyarrow, pyiceberg.table  # the commit's imports
 from recd.etl.config import EtlConfig
 from recd.etl.local import peak_rss_bytes, run_etl
 baseline = peak_rss_bytes()

@@ -10,7 +10,10 @@ import argparse
 import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,11 +34,7 @@ from pyspark.sql import SparkSession  # noqa: E402
 
 from recd.cli.etl import register  # noqa: E402
 from recd.errors import BadRowError  # noqa: E402
-from recd.etl.commit import (  # noqa: E402
-    QUARANTINE_DIR,
-    list_committed_partitions,
-    verify_partition,
-)
+from recd.etl.commit import COMMIT_DELAY_ENV, QUARANTINE_DIR  # noqa: E402
 from recd.etl.config import EtlConfig, EtlReport  # noqa: E402
 from recd.etl.local import run_etl  # noqa: E402
 from recd.etl.partitions import MS_PER_HOUR, Partition  # noqa: E402
@@ -47,6 +46,7 @@ from recd.etl.spark import (  # noqa: E402
     run_spark_etl,
     spark_schema,
 )
+from recd.etl.tables import committed_files  # noqa: E402
 from recd.etl.validate import iter_frames  # noqa: E402
 from recd.layout import layout_of  # noqa: E402
 from recd.layout_read import read_plain  # noqa: E402
@@ -218,8 +218,8 @@ def test_clustered_table_matches_the_local_engine(
         check_schema(schema, tiny_catalogue, source=str(path))  # exact types: list<int64>...
         assert schema.remove_metadata().equals(tiny_catalogue.table_schema().remove_metadata())
         assert catalogue_from_schema(schema).to_json() == tiny_catalogue.to_json()
-    for partition in list_committed_partitions(table):
-        verify_partition(partition.path(table))
+    assert_only_committed_files_on_disk(table)
+    assert report.table_format == "iceberg" and report.snapshot_id is not None
     dataset = ds.dataset(table, format="parquet", partitioning="hive")
     assert dataset.count_rows() == report.rows_out
     assert catalogue_from_schema(dataset.schema).to_json() == tiny_catalogue.to_json()
@@ -344,6 +344,14 @@ def bad_shard_dir(tmp_path: Path, shards: Path, *, kinds: str) -> Path:
     return directory
 
 
+def assert_only_committed_files_on_disk(table: Path) -> None:
+    """The table's directories hold exactly the files of its (only) snapshot."""
+    committed = committed_files(table)
+    assert committed.table_format == "iceberg" and committed.files
+    on_disk = sorted(table.glob("ds=*/hour=*/*"))
+    assert on_disk == sorted(committed.files)
+
+
 def test_bad_row_fails_with_the_local_engines_error(
     spark: SparkSession, shards: Path, tmp_path: Path
 ) -> None:
@@ -355,7 +363,7 @@ def test_bad_row_fails_with_the_local_engines_error(
     message = str(spark_error.value)
     assert message == str(local_error.value)
     assert "shard-0003.zst: block 1: row 2: field 'ts': ts is null" in message
-    assert list_committed_partitions(tmp_path / "spark") == []  # nothing visible
+    assert committed_files(tmp_path / "spark").files == []  # nothing visible
     assert [p.name for p in (tmp_path / "spark").iterdir()] == ["_etl.lock"]
 
 
@@ -404,9 +412,8 @@ def test_quarantine_counts_and_keeps_what_the_local_engine_does_despite_retries(
     reasons = pq.read_table(ours / "rows.parquet").column("_field").to_pylist()
     assert sorted(reasons) == [SESSION_ID, TS, TS, "user_history"]
     table = tmp_path / "spark"
-    for partition in list_committed_partitions(table):
-        verify_partition(partition.path(table))  # no leftovers of the failed attempts
-        assert [p.name for p in partition.path(table).iterdir() if p.name.startswith(".")] == []
+    assert_only_committed_files_on_disk(table)  # no leftovers of the failed attempts
+    assert [p.name for p in table.glob("ds=*/hour=*/*") if p.name.startswith(".")] == []
 
 
 def test_cli_engine_spark_with_a_window(
@@ -431,3 +438,39 @@ def test_cli_engine_spark_with_a_window(
     assert len(hours) == report["rows_out"]
     assert {Partition.from_hour_id(int(h)).relpath for h in hours} == {"ds=2026-11-01/hour=01"}
     assert SparkSession.getActiveSession() is spark  # the active session was used, not stopped
+
+
+def test_spark_driver_killed_before_its_commit_leaves_the_table_as_it_was(
+    spark: SparkSession, shards: Path, tmp_path: Path
+) -> None:
+    """A real `recd etl --engine spark` process SIGKILLed after its executors wrote every file
+    but before the driver's Iceberg commit: readers see the previous run whole; a rerun
+    commits every row once and removes the killed run's files."""
+    table = tmp_path / "table"
+    run_etl(config(shards, table, baseline=True))
+    before = committed_files(table)
+    argv = [sys.executable, "-m", "recd", "etl", str(shards), "--table", str(table)]
+    argv += ["--engine", "spark", "--row-group-rows", "50", "--no-progress"]
+    env = {**os.environ, COMMIT_DELAY_ENV: "120", "RECD_PROGRESS": "0"}
+    child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 300
+        while len(list(table.glob("ds=*/hour=*/*.parquet"))) <= len(before.files):
+            assert child.poll() is None, child.communicate()[1].decode()[-2000:]
+            assert time.monotonic() < deadline, "the Spark run never reached its commit"
+            time.sleep(0.1)
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=60)
+    assert child.returncode == -signal.SIGKILL
+    assert committed_files(table) == before
+    old_rows = all_rows(table)
+    report = run_spark_etl(config(shards, table), spark=spark, unit_bytes=UNIT_BYTES)
+    assert report.rows_out == report.rows_in == old_rows.num_rows
+    assert all_rows(table).equals(old_rows)
+    on_disk = {p.name.split("-")[1] for p in table.glob("ds=*/hour=*/*.parquet")}
+    runs = {p.name.split("-")[1] for p in [*before.files, *committed_files(table).files]}
+    assert on_disk == runs, "files of the killed run were left behind"

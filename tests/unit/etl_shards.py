@@ -7,6 +7,7 @@ vectorised numpy so the memory test can build tens of MB quickly.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -118,16 +119,23 @@ def write_blocks(path: Path, batches: list[pa.RecordBatch]) -> None:
 def read_committed(table_dir: Path, *, decode: bool = True) -> list[tuple[str, Path, pa.Table]]:
     """(``ds=../hour=..``, file, rows) of every file of every committed partition, in order
     (rows read only when ``decode``: an empty table otherwise)."""
-    from recd.etl.commit import list_committed_partitions, read_success
+    from recd.etl.tables import committed_files
 
     out = []
-    for partition in list_committed_partitions(table_dir):
-        directory = partition.path(table_dir)
-        for f in read_success(directory).files:
-            path = directory / f.name
+    for partition, files in committed_files(table_dir).partitions:
+        for path in files:
             rows = as_nullable(pq.read_table(path)) if decode else pa.table({})
             out.append((partition.relpath, path, rows))
     return out
+
+
+def committed_bytes(table_dir: Path) -> dict[str, bytes]:
+    """``ds=../hour=../part-NNNNN.parquet`` -> bytes of every committed file (the run tag an
+    Iceberg table puts in file names removed), to compare the output of two runs."""
+    return {
+        f"{relpath}/{re.sub(r'^part-[0-9a-f]{8}-', 'part-', path.name)}": path.read_bytes()
+        for relpath, path, _ in read_committed(table_dir, decode=False)
+    }
 
 
 def as_nullable(table: pa.Table) -> pa.Table:

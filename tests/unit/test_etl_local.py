@@ -15,10 +15,10 @@ import pytest
 
 from recd.cli.etl import register
 from recd.errors import ConfigError
-from recd.etl.commit import SUCCESS_FILE, list_committed_files
 from recd.etl.config import EtlConfig, EtlReport
 from recd.etl.local import run_etl
 from recd.etl.partitions import Partition
+from recd.etl.tables import committed_files
 from recd.layout_read import read_plain
 from recd.logs.rawlog import read_catalogue
 from recd.schema import (
@@ -36,6 +36,7 @@ from .etl_shards import (
     all_rows,
     as_nullable,
     clustered_shard_by_shard,
+    committed_bytes,
     make_rows,
     read_committed,
     row_group_rows,
@@ -72,7 +73,7 @@ def test_clustered_partitions_hold_every_row_once_sessions_contiguous_and_sorted
     assert files, "no partition committed"
     for relpath, path, table in files:
         # One file per partition (all shards appended), shard after shard, each clustered.
-        assert path.name == "part-00000.parquet", path
+        assert path.name.endswith("-00000.parquet"), path
         assert clustered_shard_by_shard(table, 3), path
         assert sessions_clustered(table), path
         sessions = pc.count_distinct(table.column(SESSION_ID)).as_py()
@@ -125,7 +126,7 @@ def test_baseline_keeps_arrival_order_per_shard_and_hour(
     hour = rows.column(TS).to_numpy() // MS_PER_HOUR
     files = read_committed(tmp_path / "table")
     for relpath, path, table in files:
-        assert path.name == "part-00000.parquet", path  # one file per partition
+        assert path.name.endswith("-00000.parquet"), path  # one file per partition
         h = Partition(ds=relpath[3:13], hour=int(relpath[-2:])).hour_id
         # Shard after shard, each in input (arrival) order.
         expected = pa.concat_tables(
@@ -154,8 +155,8 @@ def test_files_roll_over_at_the_target_size_between_sessions(
     by_partition = partition_files(tmp_path / "table")
     assert report.files > 2 * report.partitions, "tiny target: several files per partition"
     for relpath, files in by_partition.items():
-        names = [path.name for path, _ in files]
-        assert names == [f"part-{i:05d}.parquet" for i in range(len(files))], names
+        names = [path.name[-len("00000.parquet") :] for path, _ in files]
+        assert names == [f"{i:05d}.parquet" for i in range(len(files))], names
         seen: set[int] = set()
         for path, table in files:
             sessions = set(pc.unique(table.column(SESSION_ID)).to_pylist())
@@ -265,10 +266,7 @@ def test_hour_partitioning_at_boundaries(tmp_path: Path, tiny_catalogue: Catalog
 
 def test_rerun_is_idempotent_byte_identical(tmp_path: Path, shard_dir: Path) -> None:
     def snapshot(table_dir: Path) -> dict[str, bytes]:
-        return {
-            str(p.relative_to(table_dir)): p.read_bytes()
-            for p in sorted(table_dir.glob("ds=*/hour=*/*"))
-        }
+        return committed_bytes(table_dir)
 
     etl(shard_dir, tmp_path / "table")
     first = snapshot(tmp_path / "table")
@@ -276,7 +274,7 @@ def test_rerun_is_idempotent_byte_identical(tmp_path: Path, shard_dir: Path) -> 
     assert snapshot(tmp_path / "table") == first
     etl(shard_dir, tmp_path / "other")
     assert snapshot(tmp_path / "other") == first
-    assert any(name.endswith(SUCCESS_FILE) for name in first)
+    assert first and (tmp_path / "table" / "_iceberg").is_dir()
     # Rolled files, several passes and early buffer flushes are deterministic too.
     tight = {"memory_budget_bytes": 16_000, "target_file_bytes": 4_000, "row_group_rows": 60}
     report = etl(shard_dir, tmp_path / "tight", **tight)
@@ -312,7 +310,7 @@ def test_memory_budget_splits_shards_into_passes_same_rows(
     assert all_rows(tmp_path / "table").equals(rows.sort_by(REQUEST_ID))
     seen: set[tuple[str, int]] = set()
     for relpath, path, table in read_committed(tmp_path / "table"):
-        assert path.name == "part-00000.parquet", path  # passes append to the same file
+        assert path.name.endswith("-00000.parquet"), path  # passes append to the same file
         # A session split across passes would show up as two runs of its id.
         assert sessions_clustered(table), f"{path}: a session was split across passes"
         shard = shard_of_sessions(table.column(SESSION_ID).to_numpy(), 3)
@@ -325,13 +323,15 @@ def test_memory_budget_splits_shards_into_passes_same_rows(
 def test_dataset_readers_see_only_committed_rows(
     tmp_path: Path, shard_dir: Path, rows: pa.Table
 ) -> None:
-    etl(shard_dir, tmp_path / "table")
+    etl(shard_dir, tmp_path / "table", table_format="hive")
     stray = tmp_path / "table" / "_tmp-crashed" / "ds=2026-11-01" / "hour=00"
     stray.mkdir(parents=True)
     pq.write_table(rows.slice(0, 5), stray / "part-0000.parquet")
     dataset = ds.dataset(tmp_path / "table", format="parquet", partitioning="hive")
     assert dataset.count_rows() == rows.num_rows
-    assert sorted(dataset.files) == sorted(str(p) for p in list_committed_files(tmp_path / "table"))
+    assert sorted(dataset.files) == sorted(
+        str(p) for p in committed_files(tmp_path / "table").files
+    )
 
 
 def test_dictionary_modes_change_encodings_not_rows(

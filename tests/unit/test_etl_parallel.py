@@ -22,12 +22,27 @@ from recd.etl.local import run_etl
 from recd.logs.rawlog import shard_path, write_catalogue
 from recd.schema import REQUEST_ID, TS, Catalogue
 
-from .etl_shards import all_rows, make_rows, read_committed, sessions_clustered, write_blocks
+from .etl_shards import (
+    all_rows,
+    committed_bytes,
+    make_rows,
+    read_committed,
+    sessions_clustered,
+    write_blocks,
+)
 
 NUM_SHARDS = 4
 BLOCK_ROWS = 16
 # Fields of a report that may differ between runs of the same input.
-RUN_FIELDS = ("run_id", "seconds", "rows_per_s", "peak_rss_bytes", "workers", "quarantine_dir")
+RUN_FIELDS = (
+    "run_id",
+    "seconds",
+    "rows_per_s",
+    "peak_rss_bytes",
+    "workers",
+    "quarantine_dir",
+    "snapshot_id",
+)
 
 
 @pytest.fixture()
@@ -51,10 +66,8 @@ def etl(shard_dir: Path, table_dir: Path, **kwargs: Any) -> EtlReport:
 
 
 def snapshot(table_dir: Path) -> dict[str, bytes]:
-    """Every committed file (Parquet and ``_SUCCESS``) by path relative to the table."""
-    return {
-        str(p.relative_to(table_dir)): p.read_bytes() for p in sorted(table_dir.glob("ds=*/*/*"))
-    }
+    """Every committed file by path relative to the table (run tags removed)."""
+    return committed_bytes(table_dir)
 
 
 def comparable(report: EtlReport) -> dict[str, Any]:

@@ -45,6 +45,7 @@ def tables(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                 row_group_rows=97,  # row groups cut sessions
                 layout=layout,
                 dedup_features=listed,
+                table_format="hive",  # the mixed table below is made of copied partitions
                 show_progress=False,
             )
         )
