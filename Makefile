@@ -9,20 +9,23 @@ PIP := $(PY) -m pip
 TORCH_SPEC ?= torch==2.13.0
 FBGEMM_SPEC ?= fbgemm-gpu-cpu==1.8.0
 TORCHREC_SPEC ?= torchrec==1.8.0
+# Versions the tests run with (pip -c); GPU users: CONSTRAINTS= (none) or their own file.
+CONSTRAINTS ?= constraints/cpu.txt
+PIN := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 # The stamp names the recipe: `make setup FBGEMM_SPEC=...` with other specs installs again.
-SPECS_ID := $(shell printf '%s' '$(TORCH_SPEC) $(FBGEMM_SPEC) $(TORCHREC_SPEC)' | cksum | cut -d' ' -f1)
+SPECS_ID := $(shell printf '%s' '$(TORCH_SPEC) $(FBGEMM_SPEC) $(TORCHREC_SPEC) $(CONSTRAINTS)' | cksum | cut -d' ' -f1)
 STAMP := $(VENV)/.recd-setup-$(SPECS_ID)
 
 .PHONY: setup run test lint typecheck bench bench-quick clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --disable-pip-version-check '$(TORCH_SPEC)'
-	$(PIP) install --quiet --disable-pip-version-check '$(FBGEMM_SPEC)' tensordict torchmetrics tqdm pyre-extensions
+	$(PIP) install --quiet --disable-pip-version-check $(PIN) '$(TORCH_SPEC)'
+	$(PIP) install --quiet --disable-pip-version-check $(PIN) '$(FBGEMM_SPEC)' tensordict torchmetrics tqdm pyre-extensions
 	$(PIP) install --quiet --disable-pip-version-check --no-deps '$(TORCHREC_SPEC)'
-	$(PIP) install --quiet --disable-pip-version-check -e '.[spark,bench,dev]'
+	$(PIP) install --quiet --disable-pip-version-check $(PIN) -e '.[spark,bench,dev]'
 	$(PY) -c "import torch, torchrec, fbgemm_gpu, pyarrow, zstandard; print('recd setup ok: torch', torch.__version__, 'torchrec', torchrec.__version__ if hasattr(torchrec, '__version__') else '1.8')"
 	touch $(STAMP)
 

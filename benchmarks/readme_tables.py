@@ -17,6 +17,8 @@ sections = [
     ("trainer", "Trainer: the RM1 ablation (O5-O7)", "trainer.png"),
     ("checkpoint", "Checkpoints", None),
     ("recovery", "Failure recovery", None),
+    ("etl_faults", "Killed ETL runs: what a reader sees (local engine)", None),
+    ("etl_faults_spark", "Killed ETL runs: what a reader sees (Spark engine)", None),
 ]
 for stem, title, png in sections:
     md = root / "benchmarks" / "results" / f"{stem}.md"

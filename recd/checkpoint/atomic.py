@@ -19,12 +19,13 @@ to the previous one with a logged warning naming the skipped file and the reason
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,21 +107,34 @@ def replace_durably(tmp_path: str | os.PathLike[str], final_path: str | os.PathL
     return final
 
 
-def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Replace ``path`` with ``data`` atomically and durably."""
+@contextlib.contextmanager
+def replacing(
+    path: str | os.PathLike[str], *, suffix: str = "", durable: bool = True
+) -> Iterator[Path]:
+    """Write a file whole or not at all: yields a temp path beside ``path`` (``suffix`` added
+    for writers that insist on one, e.g. ``.npz``); when the block ends normally the temp file
+    is renamed onto ``path``, else it is removed. ``durable``: fsync the file before the
+    rename and the directory after it (off for files that only coordinate live processes).
+    Every file recd writes for others to read goes through here."""
     final = Path(path)
     tmp = temp_path_for(final)
+    tmp = tmp.with_name(tmp.name + suffix)
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        yield tmp
+        if durable:
+            fsync_file(tmp)
         os.replace(tmp, final)
-    except BaseException:
+    finally:
         tmp.unlink(missing_ok=True)
-        raise
-    fsync_directory(final.parent)
-    return final
+    if durable:
+        fsync_directory(final.parent)
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, *, durable: bool = True) -> Path:
+    """Replace ``path`` with ``data`` atomically (and durably, see :func:`replacing`)."""
+    with replacing(path, durable=durable) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:

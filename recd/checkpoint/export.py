@@ -20,7 +20,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from recd.checkpoint.atomic import temp_path_for
+from recd.checkpoint.atomic import replacing
 from recd.checkpoint.format import ParamLayout, read_checkpoint
 from recd.errors import ConfigError
 
@@ -69,8 +69,7 @@ def export_checkpoint(
         else {}
     )
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path_for(out)
-    try:
+    with replacing(out) as tmp:
         if fmt == "safetensors":
             from safetensors.torch import save_file
 
@@ -82,8 +81,5 @@ def export_checkpoint(
             torch.save({"model": weights, **moments, "step": ckpt.step}, tmp)
         else:
             torch.save(weights, tmp)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
     tensors = len(weights) * (3 if with_optimizer else 1)
     return ExportReport(out=out, step=ckpt.step, tensors=tensors, bytes=out.stat().st_size)

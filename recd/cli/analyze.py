@@ -16,8 +16,8 @@ from recd.analyze import (
     format_report,
     hash_all_preprocessing,
     table_sparse_features,
-    write_json,
 )
+from recd.cli.output import add_json_option, emit
 from recd.errors import ConfigError
 from recd.reader.memory import keep_freed_memory
 
@@ -81,7 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="propose by the dedup factor alone, without timing the reader (the paper's rule)",
     )
-    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the analysis as JSON")
+    add_json_option(parser, "the analysis")
     parser.set_defaults(func=_run)
 
 
@@ -104,9 +104,7 @@ def _run(args: argparse.Namespace) -> int:
         preprocessing=preprocessing,
         show_progress=True,
     )
-    print(format_report(analysis))
-    if args.json is not None:
-        write_json(analysis, args.json)
+    emit(args, analysis.to_dict(), lambda: print(format_report(analysis)))
     return 0
 
 

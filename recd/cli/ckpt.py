@@ -22,7 +22,6 @@ memory map, so memory stays bounded.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -44,6 +43,7 @@ from recd.checkpoint.format import (
     read_checkpoint,
 )
 from recd.checkpoint.sidecars import fork_run
+from recd.cli.output import add_json_option, emit
 from recd.errors import CheckpointCorruptError, CheckpointError
 
 CHUNK_ELEMS = 1 << 22  # 4M float32 = 16 MiB per chunk
@@ -256,10 +256,7 @@ def _print_inspect(report: dict[str, Any]) -> None:
 
 def run_inspect(args: argparse.Namespace) -> int:
     report = inspect_checkpoint(args.file, args.layout_from)
-    if args.json:
-        print(json.dumps(report, indent=1))
-    else:
-        _print_inspect(report)
+    emit(args, report, lambda: _print_inspect(report))
     return 0
 
 
@@ -294,11 +291,12 @@ def verify_checkpoints(paths: list[str], layout_from: str | None = None) -> list
 
 def run_verify(args: argparse.Namespace) -> int:
     reports = verify_checkpoints(args.paths, args.layout_from)
-    if args.json:
-        print(json.dumps(reports, indent=1))
-    else:
+
+    def show() -> None:
         for r in reports:
             print(f"ok    {r['path']} (step {r['step']:,})" if r["ok"] else f"FAIL  {r['error']}")
+
+    emit(args, reports, show)
     return 0 if all(r["ok"] for r in reports) else 1
 
 
@@ -365,10 +363,7 @@ def _yes(value: Any) -> Any:
 
 def run_diff(args: argparse.Namespace) -> int:
     report = diff_checkpoints(args.a, args.b, args.layout_from)
-    if args.json:
-        print(json.dumps(report, indent=1))
-    else:
-        _print_diff(report)
+    emit(args, report, lambda: _print_diff(report))
     return 0 if report["bitwise_identical"] else 1
 
 
@@ -404,16 +399,16 @@ def run_export(args: argparse.Namespace) -> int:
 
 def run_fork(args: argparse.Namespace) -> int:
     result = fork_run(args.checkpoint, args.new_dir)
-    if args.json:
-        print(
-            json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in asdict(result).items()})
-        )
-    else:
+
+    def show() -> None:
         print(f"forked {result.source} (step {result.step:,}, sha256 {result.sha256[:16]}...)")
         print(f"    -> {result.checkpoint}")
         print(
             f"new run directory {result.run_dir}: fresh .state.json and .loss.json with the origin"
         )
+
+    body = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(result).items()}
+    emit(args, body, show)
     return 0
 
 
@@ -424,7 +419,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     inspect = verbs.add_parser("inspect", help="header, size and per-region/per-tensor statistics")
     inspect.add_argument("file", help="a step_NNNNNN.bin checkpoint")
     inspect.add_argument("--layout-from", metavar="LAYOUT_JSON", help="a _layout.json to use")
-    inspect.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json_option(inspect)
     inspect.set_defaults(func=run_inspect)
 
     verify = verbs.add_parser(
@@ -436,14 +431,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "paths", nargs="+", metavar="PATH", help="step_NNNNNN.bin files or run directories"
     )
     verify.add_argument("--layout-from", metavar="LAYOUT_JSON", help="a _layout.json to use")
-    verify.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json_option(verify)
     verify.set_defaults(func=run_verify)
 
     diff = verbs.add_parser("diff", help="compare two checkpoints (exit 0 identical, 1 different)")
     diff.add_argument("a", help="first checkpoint")
     diff.add_argument("b", help="second checkpoint (same n_params)")
     diff.add_argument("--layout-from", metavar="LAYOUT_JSON", help="a _layout.json to use")
-    diff.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json_option(diff)
     diff.set_defaults(func=run_diff)
 
     export = verbs.add_parser(
@@ -469,5 +464,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     fork = sub.add_parser("fork", help="start a new run directory from one checkpoint (audit fork)")
     fork.add_argument("checkpoint", help="the step_NNNNNN.bin to branch from")
     fork.add_argument("new_dir", help="new run directory (must not exist or be empty)")
-    fork.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json_option(fork)
     fork.set_defaults(func=run_fork)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from recd.cli.output import add_json_option, emit
 from recd.etl.config import (
     DEFAULT_TARGET_FILE_BYTES,
     DICTIONARY_MODES,
@@ -115,7 +116,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="threads of the local engine: 1 serial, 2+ reads the next shard while writing "
         "(same bytes out); 'auto' (default): min(2, cores)",
     )
-    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON")
+    add_json_option(parser, "the run's report")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=_run)
 
@@ -144,10 +145,12 @@ def _run(args: argparse.Namespace) -> int:
         table_identifier=args.table_identifier,
     )
     report = run_etl(config)
-    print(f"recd etl: {config.shard_dir} -> {config.table_dir}")
-    print(report.summary())
-    if args.json is not None:
-        report.write_json(args.json)
+
+    def show() -> None:
+        print(f"recd etl: {config.shard_dir} -> {config.table_dir}")
+        print(report.summary())
+
+    emit(args, report.to_dict(), show)
     return 0
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 from pathlib import Path
 
+from recd.cli.output import add_json_option, emit
 from recd.errors import ConfigError
 from recd.logs.shard import (
     DEFAULT_BLOCK_BYTES,
@@ -64,7 +64,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--zstd-level", type=int, default=DEFAULT_ZSTD_LEVEL, help="zstd level (default 3)"
     )
-    parser.add_argument("--json", type=Path, default=None, help="also write the report as JSON")
+    add_json_option(parser, "the report")
     parser.set_defaults(func=run)
 
 
@@ -85,18 +85,18 @@ def run(args: argparse.Namespace) -> int:
         "block_bytes": args.block_bytes,
         "zstd_level": args.zstd_level,
     }
-    report: ShardReport | ComparisonReport
     if args.key == "both":
-        report = compare_sharding(args.raw_dir, args.out, **options)
-        print(format_shard_table(report.session))
-        print(format_shard_table(report.random))
-        print(format_comparison(report))
+        both = compare_sharding(args.raw_dir, args.out, **options)
+
+        def show() -> None:
+            print(format_shard_table(both.session))
+            print(format_shard_table(both.random))
+            print(format_comparison(both))
+
+        emit(args, both.to_dict(), show)
     else:
-        report = shard_logs(args.raw_dir, args.out, key=args.key, **options)
-        print(format_shard_table(report))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report.to_dict(), indent=1))
+        one = shard_logs(args.raw_dir, args.out, key=args.key, **options)
+        emit(args, one.to_dict(), lambda: print(format_shard_table(one)))
     return 0
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
+
+from recd.cli.output import add_json_option, emit
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--batch-size", type=int, help="rows per batch (default: [reader])")
     parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the report here")
+    add_json_option(parser, "the report")
     parser.set_defaults(func=run_predict)
 
 
@@ -69,18 +70,20 @@ def run_predict(args: argparse.Namespace) -> int:
         show_progress=progress_enabled(),
     )
     loss = "n/a" if report.loss is None else f"{report.loss:.4f}"
-    print(
-        f"predicted {report.rows:,} rows with {report.checkpoint} (step {report.step}): "
-        f"mean BCE {loss} -> {report.out}"
+    doc = {
+        "out": str(report.out),
+        "checkpoint": str(report.checkpoint),
+        "step": report.step,
+        "rows": report.rows,
+        "labels": report.labels,
+        "loss": report.loss,
+    }
+    emit(
+        args,
+        doc,
+        lambda: print(
+            f"predicted {report.rows:,} rows with {report.checkpoint} (step {report.step}): "
+            f"mean BCE {loss} -> {report.out}"
+        ),
     )
-    if args.json is not None:
-        doc = {
-            "out": str(report.out),
-            "checkpoint": str(report.checkpoint),
-            "step": report.step,
-            "rows": report.rows,
-            "labels": report.labels,
-            "loss": report.loss,
-        }
-        args.json.write_text(json.dumps(doc, indent=1) + "\n")
     return 0

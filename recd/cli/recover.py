@@ -20,10 +20,10 @@ trail (``RUN_DIR/.recovery.json``), which says whether the recovery was bit-exac
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
+from recd.cli.output import add_json_option, emit
 from recd.errors import ConfigError
 
 PHASES = ("detection", "restart", "rendezvous", "load", "first_step", "replay", "total")
@@ -76,7 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--timeout-s", type=float, default=300.0, metavar="S", help="kill the job after this"
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_option(parser, "the recovery report")
     parser.set_defaults(func=run_recover)
 
 
@@ -132,10 +132,7 @@ def run_recover(args: argparse.Namespace) -> int:
         "timeline": report.timeline(),
         "recoveries": report.recoveries,
     }
-    if args.json:
-        print(json.dumps(summary, indent=1))
-    else:
-        print(format_report(summary))
+    emit(args, summary, lambda: print(format_report(summary)))
     return 0
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+from recd.cli.output import add_json_option, emit
 from recd.etl.commit import lock_table
 from recd.etl.iceberg import expire_snapshots, snapshots
 from recd.etl.migrate import migrate_to_iceberg
@@ -26,12 +27,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     info.add_argument("table", type=Path, metavar="TABLE")
     info.add_argument("--snapshot", type=int, metavar="ID", help="an older Iceberg snapshot")
-    info.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_json_option(info, "what a reader sees")
     info.set_defaults(func=_info)
 
     snaps = actions.add_parser("snapshots", help="the Iceberg table's snapshots, oldest first")
     snaps.add_argument("table", type=Path, metavar="TABLE")
-    snaps.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_json_option(snaps, "the snapshots")
     snaps.set_defaults(func=_snapshots)
 
     migrate = actions.add_parser(
@@ -84,11 +85,12 @@ def _info(args: argparse.Namespace) -> int:
         "first_partition": str(view.partitions[0][0]) if view.partitions else None,
         "last_partition": str(view.partitions[-1][0]) if view.partitions else None,
     }
-    if args.json:
-        print(json.dumps(body, indent=1))
-        return 0
-    for key, value in body.items():
-        print(f"{key:16s} {value if value is not None else '-'}")
+
+    def show() -> None:
+        for key, value in body.items():
+            print(f"{key:16s} {value if value is not None else '-'}")
+
+    emit(args, body, show)
     return 0
 
 
@@ -100,9 +102,11 @@ def _snapshots(args: argparse.Namespace) -> int:
 
         raise ConfigError(f"{args.table}: not an Iceberg table ({what}); no snapshots")
     listed = snapshots(args.table)
-    if args.json:
-        print(json.dumps(listed, indent=1))
-        return 0
+    emit(args, listed, lambda: _print_snapshots(listed))
+    return 0
+
+
+def _print_snapshots(listed: list[dict[str, Any]]) -> None:
     print(f"{'snapshot':>20s}  {'committed (UTC)':19s}  {'operation':9s}  {'rows':>10s}  run")
     for s in listed:
         when = datetime.fromtimestamp(s["committed_at"] / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
@@ -112,7 +116,6 @@ def _snapshots(args: argparse.Namespace) -> int:
             f"{s['snapshot_id']:>20d}  {when}  {s['operation'] or '-':9s}  {rows:>10s}  "
             f"{s['run_id'] or '-'}{mark}"
         )
-    return 0
 
 
 def _migrate(args: argparse.Namespace) -> int:

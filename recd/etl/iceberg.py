@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from recd.checkpoint.atomic import write_bytes_atomic
 from recd.errors import CommitError, ConfigError
 from recd.etl.commit import COMMIT_DELAY_ENV, fsync_dir
 from recd.etl.partitions import MS_PER_HOUR, Partition, iter_partition_dirs
@@ -191,16 +192,7 @@ def write_table_pointer(table_dir: Path, *, catalog: str | None, identifier: str
     """Write ``_iceberg/table.json`` atomically: from then on the directory is read as an
     Iceberg table."""
     info = TableInfo(catalog=catalog, identifier=identifier)
-    _write_atomically(table_dir / ICEBERG_DIR / TABLE_INFO_FILE, info.to_json())
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_bytes_atomic(table_dir / ICEBERG_DIR / TABLE_INFO_FILE, info.to_json().encode())
 
 
 def _partition_of(data_file: DataFile) -> Partition:

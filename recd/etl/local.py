@@ -72,9 +72,7 @@ import json
 import logging
 import math
 import os
-import resource
 import shutil
-import sys
 import threading
 import time
 from collections import OrderedDict, deque
@@ -87,7 +85,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from recd.errors import ConfigError, SchemaError
@@ -105,6 +102,7 @@ from recd.etl.encodings import (
     plan_encodings,
     smallest_bytes,
 )
+from recd.etl.inputs import list_shards, output_order
 from recd.etl.partitions import Partition, hour_ids
 from recd.etl.tables import commit_and_report, prepare_table
 from recd.etl.validate import (
@@ -117,9 +115,9 @@ from recd.etl.validate import (
 )
 from recd.layout import choose_encoded, dedup_schema, encode_row_group, statistics_columns
 from recd.logs.hashing import splitmix64
-from recd.logs.rawlog import MANIFEST_FILE, SHARD_GLOB, read_catalogue
-from recd.progress import progress_bar
-from recd.schema import REQUEST_ID, SESSION_ID, TS, Catalogue, as_table_schema, strict_schema
+from recd.logs.rawlog import MANIFEST_FILE, read_catalogue
+from recd.progress import peak_rss_bytes, progress_bar
+from recd.schema import SESSION_ID, TS, Catalogue, as_table_schema, strict_schema
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +147,6 @@ PASS_BUCKET_SALT = np.uint64(0x5EED_0F_E7_1A_55_E5)
 # Test hook: seconds to sleep after each shard pass is staged (lets a test SIGKILL a real run
 # before its commit phase). Unset in normal runs. See also commit.COMMIT_DELAY_ENV.
 SHARD_DELAY_ENV = "RECD_ETL_TEST_SHARD_DELAY_S"
-CLUSTER_KEYS = (SESSION_ID, TS, REQUEST_ID)
 
 
 def run_etl(config: EtlConfig) -> EtlReport:
@@ -172,21 +169,11 @@ def _run_spark(config: EtlConfig) -> EtlReport:
         ):
             raise ConfigError(
                 "engine 'spark' is not available: install the Spark extra "
-                f"(pip install 'recd[spark]', Java 17 needed) ({exc})"
+                f"(the `spark` extra: pip install 'pyspark>=4.0'; Java 17 needed) ({exc})"
             ) from exc
         raise
     report: EtlReport = spark.run_spark_etl(config)
     return report
-
-
-def list_shards(shard_dir: Path) -> list[Path]:
-    """The shard files of a shard directory, in shard order."""
-    if not shard_dir.is_dir():
-        raise ConfigError(f"shard_dir {shard_dir} is not a directory")
-    shards = sorted(shard_dir.glob(SHARD_GLOB))
-    if not shards:
-        raise SchemaError(f"{shard_dir}: no {SHARD_GLOB} files: not a recd shard directory")
-    return shards
 
 
 def read_shard_manifest(shard_dir: Path) -> dict[str, Any]:
@@ -243,18 +230,6 @@ def session_buckets(session_ids: np.ndarray, passes: int) -> np.ndarray:
     return (mixed % np.uint64(passes)).astype(np.int64)
 
 
-def output_order(table: pa.Table, hours: np.ndarray, *, clustered: bool) -> pa.Array:
-    """Row order of the output: by hour, then (session_id, ts, request_id) if clustered.
-
-    Baseline keeps arrival order inside each hour (pyarrow's sort is stable).
-    """
-    keys: dict[str, Any] = {"_hour": pa.array(hours)}
-    if clustered:
-        keys.update({name: table.column(name) for name in CLUSTER_KEYS})
-    key_table = pa.table(keys)
-    return pc.sort_indices(key_table, sort_keys=[(name, "ascending") for name in keys])
-
-
 def take_partitions(
     table: pa.Table, hours: np.ndarray, order: pa.Array
 ) -> list[tuple[Partition, pa.Table]]:
@@ -295,22 +270,6 @@ def copy_rows(table: pa.Table) -> pa.Table:
 def part_file_name(index: int) -> str:
     """``part-NNNNN.parquet``: the ``index``-th file of a partition (0, 1, ... as files roll)."""
     return f"part-{index:05d}.parquet"
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident memory of this process.
-
-    Linux: ``VmHWM`` from /proc/self/status, which starts afresh at exec (``ru_maxrss`` would
-    include the RSS of the parent at fork time). Elsewhere: ``ru_maxrss``.
-    """
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    scale = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
 
 
 class _NoBar:

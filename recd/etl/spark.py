@@ -131,6 +131,7 @@ from pyspark.sql.types import (
 )
 
 import recd.errors
+from recd.checkpoint.atomic import write_bytes_atomic
 from recd.errors import BadRowError, ConfigError, RecdError, SchemaError
 from recd.etl.commit import (
     QUARANTINE_DIR,
@@ -148,12 +149,7 @@ from recd.etl.encodings import (
     plan_encodings,
     smallest_bytes,
 )
-from recd.etl.local import (
-    CLUSTER_KEYS,
-    list_shards,
-    output_order,
-    peak_rss_bytes,
-)
+from recd.etl.inputs import CLUSTER_KEYS, list_shards, output_order
 from recd.etl.partitions import MS_PER_HOUR, Partition, hour_ids, parse_partition_dir
 from recd.etl.tables import commit_and_report, prepare_table
 from recd.etl.validate import (
@@ -166,6 +162,7 @@ from recd.etl.validate import (
 )
 from recd.layout import choose_encoded, dedup_schema, encode_row_group, statistics_columns
 from recd.logs.rawlog import read_catalogue
+from recd.progress import peak_rss_bytes
 from recd.schema import SESSION_ID, TS, Catalogue
 
 log = logging.getLogger(__name__)
@@ -484,9 +481,7 @@ def _record_error(path: Path, exc: RecdError) -> None:
     else:
         body = {"type": type(exc).__name__, "message": str(exc)}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-    tmp.write_text(json.dumps(body))
-    os.replace(tmp, path)
+    write_bytes_atomic(path, json.dumps(body).encode(), durable=False)  # read by the driver
 
 
 def load_error(path: Path) -> RecdError:
@@ -657,9 +652,7 @@ class _TableWriter(DataSourceArrowWriter):
         """Runs once on the driver side after every task succeeded: list the staged files."""
         files = [f for m in messages if isinstance(m, StagedFiles) for f in m.files]
         path = Path(self.job.staging) / FILES_MANIFEST
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(sorted(files)))
-        os.replace(tmp, path)
+        write_bytes_atomic(path, json.dumps(sorted(files)).encode(), durable=False)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         pass  # the driver removes the whole staging directory

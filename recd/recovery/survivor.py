@@ -66,6 +66,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from recd.checkpoint.atomic import replacing, write_bytes_atomic
 from recd.errors import RecoveryError
 from recd.recovery.undo import UndoRecord, UndoResult, undo_step
 
@@ -212,9 +213,7 @@ def touched_rows(job: SurvivorJob, first: int, last: int, table: int) -> np.ndar
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_bytes_atomic(path, text.encode(), durable=False)  # coordinates live processes
 
 
 def _progress_path(run_dir: Path, rank: int) -> Path:
@@ -279,10 +278,9 @@ def _dense_arrays(opt: Any) -> dict[str, np.ndarray]:
 
 
 def _write_npz(path: Path, arrays: dict[str, np.ndarray], step: int) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npz")
     payload: dict[str, Any] = {"step": np.array(step), **arrays}
-    np.savez(tmp, **payload)
-    os.replace(tmp, path)
+    with replacing(path, suffix=".npz", durable=False) as tmp:
+        np.savez(tmp, **payload)
 
 
 def read_dense_dump(path: Path) -> tuple[int, dict[str, np.ndarray]]:

@@ -180,6 +180,7 @@ from recd.train.history import json_safe
 from recd.train.metrics import bce_from_logits, roc_auc
 from recd.train.signals import SignalFlags, StepSignals, agree
 from recd.train.snapshot import FillPieces, RowPatches, SnapshotFill, TableViews, cut_pieces
+from recd.train.state import TrainState
 
 if TYPE_CHECKING:
     from recd.batch import Batch
@@ -750,8 +751,6 @@ class Checkpointer:
     def _restore_with_entry(
         self, trainer: Trainer, params: FlatState, entry: dict[str, Any]
     ) -> None:
-        from recd.train.loop import TrainState
-
         saved_world = int(entry.get("world_size", 1))
         if saved_world != trainer.world_size:
             raise ConfigError(

@@ -30,7 +30,7 @@ import torch
 from tqdm import tqdm
 
 from recd.batch import Batch
-from recd.checkpoint.atomic import newest_valid_checkpoint, temp_path_for
+from recd.checkpoint.atomic import newest_valid_checkpoint, replacing
 from recd.checkpoint.format import ParamLayout
 from recd.errors import ConfigError, RecdError
 from recd.models import DLRM
@@ -182,42 +182,37 @@ def predict_table(
         fields += [pa.field(f"prediction_{name}", pa.float32())]
     schema = pa.schema(fields)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path_for(out)
     rows, loss_sum = 0, 0.0
     total = sum(unit.num_rows for unit in build_plan(reader).units)
     loader = ResumableLoader(reader)
-    try:
-        with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
-            bar = (
-                progress_bar(desc="predict", total=total, unit="row")
-                if show_progress
-                else tqdm(disable=True)
-            )
-            with bar:
-                for batch in loader:
-                    logits = scorer.logits(batch)
-                    part = ids.take(batch.batch_size)
-                    read_labels = np.stack(
-                        [part.column(n).to_numpy().astype(np.float32) for n in labels], axis=1
+    with replacing(out) as tmp, pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+        bar = (
+            progress_bar(desc="predict", total=total, unit="row")
+            if show_progress
+            else tqdm(disable=True)
+        )
+        with bar:
+            for batch in loader:
+                logits = scorer.logits(batch)
+                part = ids.take(batch.batch_size)
+                read_labels = np.stack(
+                    [part.column(n).to_numpy().astype(np.float32) for n in labels], axis=1
+                )
+                if not np.array_equal(read_labels, batch.labels.numpy()):
+                    raise RecdError(
+                        f"predict: rows {rows}..{rows + batch.batch_size} of the reader "
+                        "and of the id columns disagree; predictions not written"
                     )
-                    if not np.array_equal(read_labels, batch.labels.numpy()):
-                        raise RecdError(
-                            f"predict: rows {rows}..{rows + batch.batch_size} of the reader "
-                            "and of the id columns disagree; predictions not written"
-                        )
-                    columns = [part.column(n).cast(pa.int64()) for n in RESERVED_COLUMNS]
-                    columns += [pa.array(read_labels[:, i]) for i in range(len(labels))]
-                    x = logits.numpy()
-                    probs = 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
-                    for i in range(len(labels)):
-                        columns += [pa.array(x[:, i]), pa.array(probs[:, i].astype(np.float32))]
-                    writer.write_table(pa.Table.from_arrays(columns, schema=schema))
-                    loss_sum += bce_from_logits(x, read_labels) * x.size
-                    rows += batch.batch_size
-                    bar.update(batch.batch_size)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+                columns = [part.column(n).cast(pa.int64()) for n in RESERVED_COLUMNS]
+                columns += [pa.array(read_labels[:, i]) for i in range(len(labels))]
+                x = logits.numpy()
+                probs = 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
+                for i in range(len(labels)):
+                    columns += [pa.array(x[:, i]), pa.array(probs[:, i].astype(np.float32))]
+                writer.write_table(pa.Table.from_arrays(columns, schema=schema))
+                loss_sum += bce_from_logits(x, read_labels) * x.size
+                rows += batch.batch_size
+                bar.update(batch.batch_size)
     loss = loss_sum / (rows * len(labels)) if rows and labels else None
     return PredictReport(
         out=out, checkpoint=scorer.checkpoint, step=scorer.step, rows=rows, labels=labels, loss=loss

@@ -68,7 +68,7 @@ from recd.checkpoint.atomic import write_json_atomic
 from recd.checkpoint.lock import lock_run_directory
 from recd.errors import ConfigError, TrainingDivergedError
 from recd.models import DLRM, ModelConfig, bce_loss, dlrm_config, rm1_config
-from recd.optim import FlatState, ModelAdam
+from recd.optim import ModelAdam
 from recd.progress import progress_bar
 from recd.reader import ReaderConfig, ResumableLoader, build_plan
 from recd.reader.config import Shuffle
@@ -83,6 +83,7 @@ from recd.train.metrics import (
     peak_rss_bytes,
     roc_auc,
 )
+from recd.train.state import TrainState
 
 __all__ = [
     "METRICS_FILE",
@@ -207,21 +208,6 @@ class TrainResult:
             "stop_reason": self.stop_reason,
             "table_snapshot": self.table_snapshot,
         }
-
-
-@dataclass(kw_only=True, slots=True)
-class TrainState:
-    """Everything a bit-exact resume needs, captured at a step boundary (copies)."""
-
-    step: int
-    """Optimizer steps completed."""
-    params: FlatState
-    """Weights, Adam m and v of every parameter in the logical (checkpoint) order, and the
-    optimizer's step counter: the content of a ``step_NNNNNN.bin`` checkpoint."""
-    reader: dict[str, Any]
-    """``ResumableLoader.state_dict()`` of this rank: where its next batch starts."""
-    rng: torch.Tensor
-    """``torch.get_rng_state()``."""
 
 
 class StepHook(Protocol):

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from recd.errors import ConfigError
+from recd.progress import peak_rss_bytes
 
 __all__ = [
     "base_rate_entropy",
@@ -112,13 +113,6 @@ def roc_auc(scores: Any, labels: Any) -> float:
     ranks[order] = average_rank[run_of]
     rank_sum = float(ranks[y == 1.0].sum())
     return (rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident memory of this process (VmHWM on Linux, ``ru_maxrss`` elsewhere)."""
-    from recd.etl.local import peak_rss_bytes as _peak
-
-    return _peak()
 
 
 def peak_cuda_bytes(device: torch.device) -> int | None:

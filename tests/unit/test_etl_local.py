@@ -384,7 +384,7 @@ def test_spark_engine_missing_is_a_clear_config_error(
     import sys
 
     monkeypatch.setitem(sys.modules, "recd.etl.spark", None)  # as if not installed
-    with pytest.raises(ConfigError, match=r"recd\[spark\]"):
+    with pytest.raises(ConfigError, match=r"the .spark. extra: pip install 'pyspark"):
         etl(shard_dir, tmp_path / "table", engine="spark")
 
 
