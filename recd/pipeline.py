@@ -3,11 +3,12 @@
 A pipeline config (``pipelines/*.toml``) names a work directory and one table per stage::
 
     [run]      work_dir
-    [logs]     profile or catalogue, seed, sessions / rows
+    [logs]     profile or catalogue, seed, sessions / rows        (synthetic logs), or
+    [ingest]   input, format, mapping (a file or [ingest.mapping]) (your own event log)
     [shard]    num_shards, block_bytes, zstd_level
     [etl]      row_group_rows, zstd_level, memory_budget_mb
     [analyze]  batch_size, threshold
-    [train]    config (a training TOML), steps
+    [train]    config (a training TOML), steps, holdout_hours
 
 Stages write into ``work_dir``: ``raw/`` (arrival order), ``shards/{session,random}/`` (O1),
 ``table/`` (clustered, O2) and ``table_baseline/`` (arrival order, from the random shards, the
@@ -29,6 +30,7 @@ from typing import Any
 
 from recd.config_types import typed_values
 from recd.errors import ConfigError
+from recd.logs.ingest_mapping import IngestMapping
 
 
 @dataclass(kw_only=True, slots=True)
@@ -43,6 +45,43 @@ class LogsStage:
     """Override the profile's number of sessions."""
     rows: int | None = None
     """Ask for about this many rows instead (scales the number of sessions)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class IngestStage:
+    """Your own event log, ingested (``recd logs ingest``) instead of synthetic logs."""
+
+    input: str
+    """The event log (CSV, JSON Lines or Parquet), relative to the pipeline TOML."""
+    format: str | None = None
+    """``csv``, ``jsonl`` or ``parquet``; None: from the file name's suffix."""
+    mapping: str | dict[str, Any] | None = None
+    """The column mapping: a mapping TOML path (relative to the pipeline TOML), or the
+    mapping's keys inline as ``[ingest.mapping]``; None: the default column names."""
+    on_bad_rows: str = "fail"
+    """``fail`` at the first bad line, or ``quarantine`` bad lines and go on."""
+    delimiter: str = ","
+    """CSV field delimiter."""
+    memory_budget_mb: int = 512
+    """Memory the streaming read is planned for (MiB, >= 16)."""
+
+    def __post_init__(self) -> None:
+        if not self.input:
+            raise ConfigError("[ingest] input: the event log to ingest is required")
+        if self.on_bad_rows not in ("fail", "quarantine"):
+            raise ConfigError(
+                f"[ingest] on_bad_rows = {self.on_bad_rows!r}: expected 'fail' or 'quarantine'"
+            )
+        if isinstance(self.mapping, dict):
+            IngestMapping.from_dict(self.mapping, section="ingest.mapping")  # check it now
+
+    def resolve_mapping(self, config_dir: Path) -> IngestMapping:
+        """The mapping: read from its file (relative to ``config_dir``) or the inline keys."""
+        if isinstance(self.mapping, dict):
+            return IngestMapping.from_dict(self.mapping, section="ingest.mapping")
+        if isinstance(self.mapping, str):
+            return IngestMapping.from_toml(config_dir / self.mapping)
+        return IngestMapping()
 
 
 @dataclass(kw_only=True, slots=True)
@@ -88,6 +127,14 @@ class TrainStage:
     this job's ``work_dir/table`` and ``work_dir/train``, its dedup groups by the analysis'."""
     steps: int | None = None
     """Override the training config's step count."""
+    holdout_hours: int | None = None
+    """Hold out the table's last N partition hours: the training config's ``[reader] end``
+    and ``[eval] start`` become the first held-out hour (for tables whose hours are only known
+    once ingested); None: the training config's own split."""
+
+    def __post_init__(self) -> None:
+        if self.holdout_hours is not None and self.holdout_hours < 1:
+            raise ConfigError(f"[train] holdout_hours must be >= 1, got {self.holdout_hours}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -97,6 +144,8 @@ class PipelineConfig:
     work_dir: Path
     """Where every stage writes (created if missing)."""
     logs: LogsStage = field(default_factory=LogsStage)
+    ingest: IngestStage | None = None
+    """Your own event log instead of ``logs`` (a config has one of the two)."""
     shard: ShardStage = field(default_factory=ShardStage)
     etl: EtlStage = field(default_factory=EtlStage)
     analyze: AnalyzeStage = field(default_factory=AnalyzeStage)
@@ -121,6 +170,7 @@ class PipelineConfig:
             raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
         stages: dict[str, type] = {
             "logs": LogsStage,
+            "ingest": IngestStage,
             "shard": ShardStage,
             "etl": EtlStage,
             "analyze": AnalyzeStage,
@@ -131,8 +181,15 @@ class PipelineConfig:
             raise ConfigError(
                 f"{path}: unknown section(s) {sorted(unknown)}; expected run, {', '.join(stages)}"
             )
+        if "logs" in data and "ingest" in data:
+            raise ConfigError(
+                f"{path}: give either [logs] (synthetic logs) or [ingest] (your event log), "
+                "not both"
+            )
         kwargs: dict[str, Any] = {}
         for name, typ in stages.items():
+            if name == "ingest" and name not in data:
+                continue
             section = data.get(name, {})
             if not isinstance(section, dict):
                 raise ConfigError(f"{path}: [{name}] must be a table, got {section!r}")
@@ -178,21 +235,29 @@ def run_pipeline(config: PipelineConfig, *, show_progress: bool = True) -> dict[
     work.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"config": config.to_dict()}
 
-    catalogue = load_catalogue(config.logs.profile)
-    gen = generate_logs(
-        catalogue,
-        work / "raw",
-        seed=config.logs.seed,
-        num_sessions=config.logs.sessions,
-        rows=config.logs.rows,
-        show_progress=show_progress,
-        overwrite=True,
-    )
-    report["generate"] = asdict(gen)
-    print(
-        f"[1/5 logs]    {gen.rows:,} rows in {gen.sessions:,} sessions, "
-        f"{gen.raw_bytes / 1e6:.1f} MB raw, {gen.seconds:.1f} s"
-    )
+    if config.ingest is not None:
+        import shutil
+
+        # the ETL appends to an existing table: another event log must not land on the last one's
+        for name in ("table", "table_baseline"):
+            shutil.rmtree(work / name, ignore_errors=True)
+        report["ingest"] = ingest_stage(config.ingest, config.config_dir, work, show_progress)
+    else:
+        catalogue = load_catalogue(config.logs.profile)
+        gen = generate_logs(
+            catalogue,
+            work / "raw",
+            seed=config.logs.seed,
+            num_sessions=config.logs.sessions,
+            rows=config.logs.rows,
+            show_progress=show_progress,
+            overwrite=True,
+        )
+        report["generate"] = asdict(gen)
+        print(
+            f"[1/5 logs]    {gen.rows:,} rows in {gen.sessions:,} sessions, "
+            f"{gen.raw_bytes / 1e6:.1f} MB raw, {gen.seconds:.1f} s"
+        )
 
     shards = compare_sharding(
         work / "raw",
@@ -260,13 +325,64 @@ def run_pipeline(config: PipelineConfig, *, show_progress: bool = True) -> dict[
             train_config,
             dedup_sparse_features=analysis.dedup_sparse_features,
             steps=config.train.steps,
+            holdout_hours=config.train.holdout_hours,
             show_progress=show_progress,
         )
 
     report_path = work / "report.json"
     report_path.write_text(json.dumps(report, indent=1, default=str))
     print(f"report: {report_path}")
+    if "train" in report:
+        print_outputs(work, report["train"])
     return report
+
+
+def ingest_stage(
+    stage: IngestStage, config_dir: Path, work: Path, show_progress: bool
+) -> dict[str, Any]:
+    """Stage 1 for your own data: ``recd logs ingest`` of ``stage.input`` into ``work/raw``."""
+    from recd.logs.ingest import ingest_events
+
+    source = config_dir / stage.input
+    if not source.is_file():
+        raise ConfigError(
+            f"[ingest] input = {stage.input!r}: {source} does not exist (a path relative to the "
+            "pipeline TOML)"
+        )
+    done = ingest_events(
+        source,
+        work / "raw",
+        mapping=stage.resolve_mapping(config_dir),
+        fmt=stage.format,
+        on_bad_rows=stage.on_bad_rows,
+        delimiter=stage.delimiter,
+        memory_budget_bytes=stage.memory_budget_mb * 1024 * 1024,
+        show_progress=show_progress,
+    )
+    print(
+        f"[1/5 ingest]  {done.rows_in:,} events of {source.name} -> {done.rows_out:,} samples "
+        f"in {done.sessions:,} sessions ({done.history_only:,} history-only, "
+        f"{done.quarantined:,} quarantined), labels {', '.join(done.labels)}: "
+        f"{done.positives:,} positive"
+    )
+    for warning in done.warnings:
+        print(f"[1/5 ingest]  warning: {warning}")
+    return done.to_dict()
+
+
+def print_outputs(work: Path, train: dict[str, Any]) -> None:
+    """Where the trained model, its metrics and the command to score with it are."""
+    from recd.checkpoint import newest_valid_checkpoint
+
+    run_dir = Path(train.get("run_dir") or work / "train")
+    newest = newest_valid_checkpoint(run_dir)
+    job = work / "train.toml"
+    print(f"model:   {newest if newest is not None else run_dir} (newest checkpoint)")
+    print(f"metrics: {run_dir / 'train.json'}, {run_dir / 'metrics.jsonl'}, {run_dir / 'loss.png'}")
+    print(
+        f"score:   recd predict --config {job} --checkpoint {run_dir} --eval-range "
+        f"--out {work / 'predictions.parquet'}"
+    )
 
 
 # ----------------------------------------------------------------------------- training stage
@@ -276,9 +392,11 @@ def write_stage_train_config(
     *,
     dedup_sparse_features: list[list[str]] | None = None,
     steps: int | None = None,
+    holdout_hours: int | None = None,
 ) -> Path:
     """``work_dir/train.toml``: ``config_path`` with this job's table, run directory, dedup
-    groups and step count (what ``train_from_pipeline`` overrides in-process)."""
+    groups and step count (what ``train_from_pipeline`` overrides in-process); with
+    ``holdout_hours``, the table's last N hours are the ``[eval]`` range and the rest train."""
     try:
         data = tomllib.loads(config_path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -290,9 +408,29 @@ def write_stage_train_config(
     if steps is not None:
         data["train"]["steps"] = steps
     data.get("checkpoint", {}).pop("dir", None)  # the checkpoints follow the run directory
+    if holdout_hours is not None:
+        split = holdout_split(Path(work_dir) / "table", holdout_hours)
+        data["reader"].pop("start", None)
+        data["reader"]["end"] = split
+        data.setdefault("eval", {})["start"] = split
+        data["eval"].pop("end", None)
     path = Path(work_dir) / "train.toml"
     path.write_text(f"# Written by recd run from {config_path}\n" + dump_toml(data))
     return path
+
+
+def holdout_split(table: Path, hours: int) -> str:
+    """The first of the table's last ``hours`` partition hours (``YYYY-MM-DDTHH:00``);
+    ConfigError when the table has no more than ``hours`` hours (nothing left to train on)."""
+    from recd.etl.partitions import format_time_ms, iter_partition_dirs
+
+    starts = sorted({p.start_ms for p, _ in iter_partition_dirs(table)})
+    if len(starts) <= hours:
+        raise ConfigError(
+            f"[train] holdout_hours = {hours}: the table {table} has {len(starts)} partition "
+            "hour(s); it needs more to leave hours to train on"
+        )
+    return format_time_ms(starts[-hours])
 
 
 def train_with_sigterm_and_resume(
@@ -301,6 +439,7 @@ def train_with_sigterm_and_resume(
     *,
     dedup_sparse_features: list[list[str]] | None = None,
     steps: int | None = None,
+    holdout_hours: int | None = None,
     show_progress: bool = True,
 ) -> dict[str, Any]:
     """The ``make run`` training stage, which also shows recovery from a checkpoint.
@@ -322,7 +461,11 @@ def train_with_sigterm_and_resume(
     from recd.train.config import load_train_config
 
     job = write_stage_train_config(
-        work_dir, config_path, dedup_sparse_features=dedup_sparse_features, steps=steps
+        work_dir,
+        config_path,
+        dedup_sparse_features=dedup_sparse_features,
+        steps=steps,
+        holdout_hours=holdout_hours,
     )
     config = load_train_config(job)
     run_dir = config.checkpoint_dir

@@ -5,39 +5,58 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
+from recd.cli.output import add_json_option, emit
 from recd.errors import ConfigError
 from recd.logs.ingest import (
     BAD_ROW_POLICIES,
+    DEFAULT_MEMORY_BUDGET_BYTES,
     DEFAULT_POSITIVE_EVENTS,
     FORMATS,
     MAX_LINE_BYTES,
     QUOTE_CHARS,
     SESSION_ID_MODES,
     TS_UNITS,
+    IngestMapping,
     IngestReport,
     ingest_events,
+    memory_bound_bytes,
     shorten,
 )
 
 VOCAB_SHOWN = 20  # event types listed in the summary; _ingest.json has them all
 
-DESCRIPTION = f"""\
-Turn an event log (CSV or JSON Lines, one event per line with a session or user id, a
-timestamp, an item id and an event type) into a raw-log directory that `recd logs shard` and
-`recd etl` read. This is how to try the pipeline on your own data.
+MIB = 1 << 20
+DEFAULT_BUDGET_MB = DEFAULT_MEMORY_BUDGET_BYTES // MIB
 
-One sample per event, written in timestamp order, with
+DESCRIPTION = f"""\
+Turn an event log (CSV, JSON Lines or Parquet, one event per line / row with a session or
+user id, a timestamp, an item id and an event type) into a raw-log directory that `recd logs
+shard` and `recd etl` read. This is how to try the pipeline on your own data.
+
+Columns: name them with the --*-col flags, or with a mapping TOML (--mapping FILE; its keys:
+session, ts, item, event, ts_unit, session_ids, positive_events, labels, dense, missing_dense,
+sparse, sparse_lists, list_separator, history, keep_itemless, itemless_item_id; see
+docs/own-data.md). Flags override the file.
+
+One sample per event that has an item, written in timestamp order, with
   label                  1 if the event type is in --positive-events, else 0
+                         (or, with --label-cols, one float label per label column)
   item_id                [the event's item id]
   hist_item_ids          item ids of the session's last N earlier events (N = --history)
   hist_event_types       their event types (synchronised group "history" with hist_item_ids)
   hist_len               number of earlier events in the history (<= N)
   secs_since_prev_event  seconds since the session's previous event (0 for its first)
-  request_id             the event's line number in the input
-The current event's type is not a feature (the label derives from it). Event types are
-lower-cased and numbered 1..V by name; OUT/_ingest.json keeps the vocabulary (reuse it for the
-next file with --event-vocab OUT/_ingest.json).
+  <dense col>            --dense-cols: float32 (missing: a bad line, or --missing-dense)
+  <sparse col>           --sparse-cols: [id]; --sparse-list-cols: the ids (3|17|42 in CSV)
+  request_id             the event's line number in the input (Parquet: row number)
+--history 0 leaves out hist_len and both history features. --keep-itemless keeps events with
+no item (searches, filters) in the histories, as item --itemless-item-id (default 0), instead
+of refusing them; they are no samples. The current event's type is not a feature (the label
+derives from it). Event types are lower-cased and numbered 1..V by name; OUT/_ingest.json
+keeps the vocabulary (reuse it for the next file with --event-vocab OUT/_ingest.json).
+A label with one value on every sample is logged as a warning (check --positive-events).
 
 Timestamps: epoch ms, epoch s or ISO 8601 (no zone = UTC); --ts-unit auto picks per file.
 Session ids: integers, or strings hashed to a stable 63-bit id (same on every run).
@@ -46,14 +65,21 @@ Item ids: integers >= 0.
 Bad lines (wrong field count, an unmatched quote, invalid JSON, a missing or unparsable value,
 bytes that are not UTF-8, a line longer than --max-line-bytes) are reported with file, line
 number and field. --on-bad-rows fail (default) stops at the first one (exit 2); quarantine
-writes each to OUT/_quarantine.jsonl and counts it (rows in = rows out + quarantined).
-Messages quote at most {QUOTE_CHARS} characters of a value.
+writes each to OUT/_quarantine.jsonl and counts it (rows in = rows out + history-only +
+quarantined). Messages quote at most {QUOTE_CHARS} characters of a value.
 
 An input with no events (empty, only blank lines, only a CSV header, or only bad lines when
 quarantining) is refused (exit 2) and OUT is left as it was; --allow-empty writes an empty OUT
 instead.
 
-The whole input is held in memory (a few times its size): split big logs, e.g. by day.
+Memory: the input is streamed. Pass 1 reads chunks of budget/16 bytes (at least 1 MiB) and
+writes the parsed columns to B temporary bucket files beside OUT (B = sessions hashed so that
+one bucket takes at most half the budget; B = 1 keeps them in memory); pass 2 sorts one
+bucket at a time by (session, ts, line), cuts the histories and writes its samples; the
+buckets are merged into timestamp order. Peak memory stays within --memory-budget-mb +
+{memory_bound_bytes(0) // MIB} MiB whatever the file size, as long as one session's events are
+small next to the budget; the temporary files take about 2x the input. Default budget
+{DEFAULT_BUDGET_MB} MiB.
 Default positive events: {",".join(DEFAULT_POSITIVE_EVENTS)}.
 """
 
@@ -61,41 +87,66 @@ Default positive events: {",".join(DEFAULT_POSITIVE_EVENTS)}.
 def register(verbs: argparse._SubParsersAction) -> None:
     parser = verbs.add_parser(
         "ingest",
-        help="turn CSV / JSON Lines event logs into raw logs (sessions, histories, labels)",
+        help="turn CSV / JSON Lines / Parquet event logs into raw logs (histories, labels)",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("events", type=Path, metavar="EVENTS", help="a .csv or .jsonl event log")
+    parser.add_argument(
+        "events", type=Path, metavar="EVENTS", help="a .csv, .jsonl or .parquet event log"
+    )
     parser.add_argument("--out", type=Path, required=True, help="output raw-log directory")
     parser.add_argument(
         "--format", choices=FORMATS, default=None, help="input format (default: from the suffix)"
     )
-    parser.add_argument("--session-col", default="session_id", help="session / user id column")
-    parser.add_argument("--ts-col", default="ts", help="timestamp column")
-    parser.add_argument("--item-col", default="item_id", help="item id column")
-    parser.add_argument("--event-col", default="event_type", help="event type column")
     parser.add_argument(
-        "--ts-unit", choices=TS_UNITS, default="auto", help="timestamp format (default auto)"
+        "--mapping", type=Path, default=None, help="column mapping TOML (flags override it)"
     )
-    parser.add_argument(
-        "--history", type=int, default=20, help="N: events kept in the history features (20)"
+    columns = parser.add_argument_group("columns (default: the mapping's, else the shown name)")
+    columns.add_argument("--session-col", help="session / user id column (session_id)")
+    columns.add_argument("--ts-col", help="timestamp column (ts)")
+    columns.add_argument("--item-col", help="item id column (item_id)")
+    columns.add_argument("--event-col", help="event type column (event_type)")
+    columns.add_argument("--ts-unit", choices=TS_UNITS, help="timestamp format (auto)")
+    columns.add_argument(
+        "--session-ids",
+        choices=SESSION_ID_MODES,
+        help="int: ids must be integers; hash: hash every id as a string; auto (default): int "
+        "if all are",
     )
-    parser.add_argument(
+    columns.add_argument(
+        "--history", type=int, help="N: events kept in the history features (20; 0: none)"
+    )
+    columns.add_argument(
         "--positive-events",
-        default=",".join(DEFAULT_POSITIVE_EVENTS),
-        help="comma-separated event types whose label is 1",
+        help="comma-separated event types whose label is 1 (default: "
+        f"{','.join(DEFAULT_POSITIVE_EVENTS)})",
+    )
+    columns.add_argument(
+        "--label-cols", help="comma-separated label columns (numbers / true, false) instead"
+    )
+    columns.add_argument("--dense-cols", help="comma-separated numeric columns (dense features)")
+    columns.add_argument(
+        "--missing-dense", type=float, help="value of a missing dense value (default: bad line)"
+    )
+    columns.add_argument("--sparse-cols", help="comma-separated id columns (sparse features)")
+    columns.add_argument(
+        "--sparse-list-cols", help="comma-separated list columns (sparse features of many ids)"
+    )
+    columns.add_argument("--list-separator", help="separator of ids in a CSV list value (|)")
+    columns.add_argument(
+        "--keep-itemless",
+        action="store_true",
+        default=None,
+        help="keep events with no item in the histories (not as samples) instead of refusing",
+    )
+    columns.add_argument(
+        "--itemless-item-id", type=int, help="item id of such events in hist_item_ids (0)"
     )
     parser.add_argument(
         "--on-bad-rows",
         choices=BAD_ROW_POLICIES,
         default="fail",
         help="fail at the first bad line (default) or quarantine bad lines and go on",
-    )
-    parser.add_argument(
-        "--session-ids",
-        choices=SESSION_ID_MODES,
-        default="auto",
-        help="int: ids must be integers; hash: hash every id as a string; auto: int if all are",
     )
     parser.add_argument(
         "--event-vocab",
@@ -112,38 +163,67 @@ def register(verbs: argparse._SubParsersAction) -> None:
         "a longer line is a bad line",
     )
     parser.add_argument(
+        "--memory-budget-mb",
+        type=int,
+        default=DEFAULT_BUDGET_MB,
+        help=f"memory the read is planned for, in MiB ({DEFAULT_BUDGET_MB}; at least 16); peak "
+        f"memory stays within it + {memory_bound_bytes(0) // MIB} MiB",
+    )
+    parser.add_argument(
         "--allow-empty",
         action="store_true",
         help="write an empty OUT for an input with no events instead of refusing it",
     )
-    parser.add_argument("--json", type=Path, default=None, help="also write the report as JSON")
+    add_json_option(parser, "the report")
     parser.set_defaults(func=run)
 
 
+def _split(text: str | None) -> list[str] | None:
+    return None if text is None else [p.strip() for p in text.split(",") if p.strip()]
+
+
+def mapping_from_args(args: argparse.Namespace) -> IngestMapping:
+    """The mapping of ``--mapping`` (if given) with the column flags given on top."""
+    flags: dict[str, Any] = {
+        "session": args.session_col,
+        "ts": args.ts_col,
+        "item": args.item_col,
+        "event": args.event_col,
+        "ts_unit": args.ts_unit,
+        "session_ids": args.session_ids,
+        "history": args.history,
+        "positive_events": _split(args.positive_events),
+        "labels": _split(args.label_cols),
+        "dense": _split(args.dense_cols),
+        "missing_dense": args.missing_dense,
+        "sparse": _split(args.sparse_cols),
+        "sparse_lists": _split(args.sparse_list_cols),
+        "list_separator": args.list_separator,
+        "keep_itemless": args.keep_itemless,
+        "itemless_item_id": args.itemless_item_id,
+    }
+    given = {k: v for k, v in flags.items() if v is not None}
+    if given.get("labels"):  # label columns replace the positive events of a mapping file
+        given.setdefault("positive_events", None)
+    if args.mapping is not None:
+        return IngestMapping.from_toml(args.mapping, overrides=given)
+    return IngestMapping.from_dict(given, section="flags")
+
+
 def run(args: argparse.Namespace) -> int:
-    positives = [p.strip() for p in args.positive_events.split(",") if p.strip()]
     report = ingest_events(
         args.events,
         args.out,
+        mapping=mapping_from_args(args),
         fmt=args.format,
-        session_col=args.session_col,
-        ts_col=args.ts_col,
-        item_col=args.item_col,
-        event_col=args.event_col,
-        ts_unit=args.ts_unit,
-        history=args.history,
-        positive_events=positives,
         on_bad_rows=args.on_bad_rows,
-        session_ids=args.session_ids,
         event_vocabulary=_read_vocabulary(args.event_vocab) if args.event_vocab else None,
         delimiter=args.delimiter,
         max_line_bytes=args.max_line_bytes,
         allow_empty=args.allow_empty,
+        memory_budget_bytes=args.memory_budget_mb * MIB,
     )
-    print(format_report(report))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report.to_dict(), indent=1))
+    emit(args, report.to_dict(), lambda: print(format_report(report)))
     return 0
 
 
@@ -166,11 +246,17 @@ def format_report(report: IngestReport) -> str:
         vocab += f", … ({len(by_id) - VOCAB_SHOWN:,} more in _ingest.json)"
     lines = [
         f"ingested {report.source} ({report.format}) -> {report.out_dir}",
-        f"  rows in {report.rows_in:,}  out {report.rows_out:,}  quarantined {report.quarantined:,}",
+        f"  rows in {report.rows_in:,}  out {report.rows_out:,}  quarantined {report.quarantined:,}"
+        + (f"  history-only {report.history_only:,}" if report.history_only else ""),
         f"  sessions {report.sessions:,}  positives {report.positives:,}  "
         f"ts {report.ts_unit}  session ids {report.session_ids}  history {report.history}",
         f"  event types: {vocab}",
     ]
+    if report.labels != ["label"]:
+        lines.append(f"  labels: {', '.join(report.labels)}")
+    if report.buckets > 1:
+        lines.append(f"  streamed through {report.buckets} session buckets")
     if report.quarantine_path:
         lines.append(f"  bad lines: {report.quarantine_path}")
+    lines += [f"  warning: {w}" for w in report.warnings]
     return "\n".join(lines)

@@ -12,10 +12,13 @@ from recd.progress import progress_enabled
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "run",
-        help="run the end-to-end job of a pipeline config (generate, shard, ETL, analyze)",
-        description="Run every stage of a pipeline config: synthetic logs -> session-sharded "
-        "log bus (O1) -> clustered zstd Parquet table (O2) -> per-feature dedup analysis. "
-        "Prints row counts and compression ratios; writes WORK_DIR/report.json.",
+        help="run the end-to-end job of a pipeline config (logs or ingest, shard, ETL, analyze, "
+        "train)",
+        description="Run every stage of a pipeline config: synthetic logs ([logs]) or your own "
+        "event log ([ingest], see pipelines/own_data.toml and docs/own-data.md) -> "
+        "session-sharded log bus (O1) -> clustered zstd Parquet table (O2) -> per-feature dedup "
+        "analysis -> training ([train]). Prints row counts and compression ratios, and where "
+        "the model and its metrics are; writes WORK_DIR/report.json.",
     )
     parser.add_argument(
         "--config", type=Path, required=True, help="pipeline TOML, e.g. pipelines/small.toml"

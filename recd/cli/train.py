@@ -106,7 +106,8 @@ def run_train(args: argparse.Namespace) -> int:
     from recd.progress import progress_enabled
     from recd.train.config import load_train_config
     from recd.train.launch import Nodes, in_torchrun, launch_torchrun
-    from recd.train.loop import format_summary, run_training
+    from recd.train.loop import format_summary
+    from recd.train.run import run_training
     from recd.train.signals import forward_signals_to_workers
 
     config = load_train_config(args.config)
@@ -161,7 +162,7 @@ def _launcher_owns(config: TrainConfig, owns: bool) -> Iterator[None]:
     """Hold the run directory's lock (when ``owns``) and name this process its owner in the
     workers' environment (``RECD_RUN_DIR_OWNER``) while the job runs."""
     from recd.checkpoint.lock import OWNER_ENV, owner_token
-    from recd.train.loop import owning_run_directory
+    from recd.train.run import owning_run_directory
 
     if not owns:
         yield

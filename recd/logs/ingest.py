@@ -1,8 +1,9 @@
-"""Turn real event logs (CSV or JSON Lines) into raw logs of the recd sample schema.
+"""Turn real event logs (CSV, JSON Lines or Parquet) into raw logs of the recd sample schema.
 
-Input: one event per line with a session (or user) id, a timestamp, an item id and an event
-type (the column names are options). Timestamps are epoch milliseconds, epoch seconds (may have
-a fraction) or ISO 8601 strings (``2024-05-01T12:00:00Z``, ``2024-05-01 12:00:00.250+02:00``;
+Input: one event per line (Parquet: per row) with a session (or user) id, a timestamp, an item
+id and an event type, plus any label, dense and sparse columns an ``IngestMapping``
+(``recd.logs.ingest_mapping``) names. Timestamps are epoch milliseconds, epoch seconds (may
+have a fraction) or ISO 8601 strings (``2024-05-01T12:00:00Z``, ``2024-05-01 12:00:00.250+02:00``;
 no zone means UTC); ``ts_unit="auto"`` picks per file whichever of numeric / ISO parses more
 values, and for numbers ms if any magnitude is >= 1e11, else seconds. Session ids are integers,
 or any strings, which become a stable 63-bit hash (FNV-1a + SplitMix64 of the UTF-8 bytes, the
@@ -10,46 +11,70 @@ same id on every run and machine); ``session_ids="auto"`` uses the integers when
 one. Item ids must be integers >= 0. Event types are strings, trimmed and lower-cased.
 
 Output: a raw-log directory (``rawlog.RawLogWriter``) with catalogue ``ingest`` and one sample
-per event, in timestamp (arrival) order:
+per event that has an item, in timestamp (arrival) order, (ts, line) for ties:
 
     session_id             int64   the session id (or its hash)
-    request_id             int64   the event's 1-based line number in the input (+ request_id_base)
+    request_id             int64   the event's 1-based line (Parquet: row) number (+ base)
     ts                     int64   epoch milliseconds (UTC)
     label                  float32 1 if the event type is one of ``positive_events``, else 0
+                                   (or one float32 per mapped label column, named like it)
     hist_len               float32 number of earlier events in hist_item_ids (<= history)
     secs_since_prev_event  float32 seconds since the session's previous event (0 for the first)
+    <dense columns>        float32 the mapped numeric columns
     item_id                list    [the event's item id]
     hist_item_ids          list    item ids of the session's last N earlier events, oldest first
     hist_event_types       list    their event types (vocabulary ids), same rows, same order
+    <sparse columns>       list    [id] of a mapped id column; the ids of a mapped list column
 
 ``hist_item_ids`` and ``hist_event_types`` form the synchronised group ``history``: both gain one
 entry on every event of a session. "Earlier" means earlier in (ts, line) order, so ties in ts
-keep the file order. The current event's type is not a feature: the label derives from it.
+keep the file order. With ``history = 0`` the three history columns are left out. Events with no
+item (``keep_itemless``) are entries of the histories (item ``itemless_item_id``) but no
+samples. The current event's type is not a feature: the label derives from it.
 Event types map to ids 1..V (0 is never used) by sorted name; pass ``event_vocabulary`` (e.g.
 the ``event_vocabulary`` of an earlier run's ``_ingest.json``) to keep ids stable across files;
 new names get the next ids. ``OUT/_ingest.json`` records the vocabulary, the label definition,
-the resolved timestamp unit and session-id mode, and the counts.
+the mapping, the resolved timestamp unit and session-id mode, warnings and the counts. A label
+with one value on every sample is logged as a warning (one line, naming it and the value).
 
 Bad input rows (a CSV line with the wrong number of fields or an unmatched quote, invalid JSON
-or not an object, a missing session id / timestamp / item id / event type, a timestamp or item
-id that does not parse, bytes that are not UTF-8, a line longer than ``max_line_bytes``) are
-found with vectorised checks and reported by file, 1-based line number (as an editor shows it;
-a CSV header is line 1) and field. ``on_bad_rows="fail"`` (default) raises ``BadLineError`` for
-the first one; ``"quarantine"`` writes every bad line with its line number, field, reason and
-text (cut at ``max_line_bytes``) to ``OUT/_quarantine.jsonl`` and counts it: rows in = rows out
-+ quarantined, always. Empty (CSV) or blank (JSON Lines) lines are not rows and are skipped.
-Messages quote at most ``QUOTE_CHARS`` characters of a value.
+or not an object, a missing session id / timestamp / item id / event type, a timestamp, id or
+number that does not parse, bytes that are not UTF-8, a line longer than ``max_line_bytes``)
+are found with vectorised checks and reported by file, 1-based line number (as an editor shows
+it; a CSV header is line 1; Parquet: the row number) and field. ``on_bad_rows="fail"``
+(default) raises ``BadLineError`` for the first one; ``"quarantine"`` writes every bad line with
+its line number, field, reason and text (cut at ``max_line_bytes``; none for Parquet) to
+``OUT/_quarantine.jsonl`` and counts it: rows in = rows out + history only + quarantined,
+always. Empty (CSV) or blank (JSON Lines) lines are not rows and are skipped. Messages quote at
+most ``QUOTE_CHARS`` characters of a value.
 
 Lines are bounded: one longer than ``max_line_bytes`` (default ``MAX_LINE_BYTES``, 1 MiB), and
 so any value longer than that, is a bad line; it is found before parsing, as are lines that are
-not UTF-8, since either would fail the whole parse without a line number.
+not UTF-8, since either would fail the whole parse without a line number. A "line" of more
+than ``LINE_CAP_LINES`` line limits with no line break ends the read (SchemaError).
 
 An input with no events (0 bytes, only blank lines, only a CSV header, or, when quarantining,
 only bad lines) raises ``NoEventsError`` and leaves ``OUT`` untouched; ``allow_empty=True``
 writes an empty ``OUT`` instead (a 0-byte CSV then has no header to check).
 
-The whole input is held in memory (a few times its size); split big inputs, e.g. by day. Lines
-end with ``\\n`` or ``\\r\\n``; CSV values must not contain line breaks.
+Streaming, with memory bounded by ``memory_budget_bytes`` (M), not by the file::
+
+    pass 1  read chunks of max(M / 16, 1 MiB, 2 x max_line_bytes) bytes of whole lines (CSV:
+            the header line put in front of each; Parquet: record batches of about that many
+            decoded bytes); check, parse the mapped features, count what the auto modes need;
+            append each row to bucket hash(session) mod B, a temporary Arrow file beside OUT
+            (B = ceil(file bytes x 8 / (M / 2)), at most 256; B = 1 keeps the rows in memory)
+    pass 2  per bucket (whole sessions): parse the core columns with the resolved modes, sort
+            by (session, ts, line), cut the histories, write its samples in (ts, line) order
+    merge   merge the buckets' sorted files, 16 at a time, into OUT in (ts, line) order
+
+Peak memory (RSS growth of the process) stays within ``memory_bound_bytes(M)`` = M + 128 MiB
+(measured: +103 MiB at M = 16 MiB on a 38 MiB CSV, whose whole-file read takes +402 MiB) as
+long as no single session holds a large part of M (a bucket is never split), plus the bad lines
+kept for the report (~200 bytes each). Temporary files take about twice the input. The rows
+written are the same for every M; the catalogue's Zipf exponents are fitted on the first
+bucket's sessions and its sums are float sums in bucket order, so they differ with B in the
+last digits. Lines end with ``\\n`` or ``\\r\\n``; CSV values must not contain line breaks.
 """
 
 from __future__ import annotations
@@ -58,11 +83,12 @@ import csv
 import io
 import json
 import logging
+import math
 import re
+import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -70,46 +96,88 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
+import pyarrow.ipc as ipc
 import pyarrow.json as pa_json
+import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from recd.errors import BadLineError, ConfigError, NoEventsError, SchemaError
 from recd.logs import rawlog
 from recd.logs.hashing import hash_strings
+from recd.logs.ingest_mapping import (
+    DEFAULT_POSITIVE_EVENTS,
+    HISTORY_SPARSE,
+    LABEL,
+    SESSION_ID_MODES,
+    TS_UNITS,
+    IngestMapping,
+)
+from recd.logs.ingest_samples import (
+    CATALOGUE_NAME,
+    HISTORY_GROUP,
+    MERGE_FAN_IN,
+    BucketEvents,
+    BucketSamples,
+    SampleStats,
+    build_catalogue,
+    merge_files,
+    remap_values,
+    write_sorted,
+)
 from recd.logs.shard import replace_dir_atomically
 from recd.progress import progress_bar
-from recd.schema import (
-    Catalogue,
-    DenseFeature,
-    SessionModel,
-    SparseFeature,
-    SparseKind,
-)
+
+__all__ = [
+    "BAD_ROW_POLICIES",
+    "CATALOGUE_NAME",
+    "DEFAULT_MEMORY_BUDGET_BYTES",
+    "DEFAULT_POSITIVE_EVENTS",
+    "FORMATS",
+    "HISTORY_GROUP",
+    "LABEL",
+    "MAX_LINE_BYTES",
+    "QUOTE_CHARS",
+    "SESSION_ID_MODES",
+    "TS_UNITS",
+    "IngestMapping",
+    "IngestReport",
+    "ingest_events",
+    "memory_bound_bytes",
+    "read_ingest_info",
+    "shorten",
+]
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("csv", "jsonl")
-TS_UNITS = ("auto", "ms", "s", "iso")
-SESSION_ID_MODES = ("auto", "int", "hash")
+FORMATS = ("csv", "jsonl", "parquet")
 BAD_ROW_POLICIES = ("fail", "quarantine")
-DEFAULT_POSITIVE_EVENTS = (
-    "cart",
-    "purchase",
-    "order",
-    "add_to_cart",
-    "addtocart",
-    "transaction",
-)
 QUARANTINE_FILE = "_quarantine.jsonl"
 INGEST_FILE = "_ingest.json"
-CATALOGUE_NAME = "ingest"
-HISTORY_GROUP = "history"
-LABEL = "label"
 LABEL_DEFINITION = "label = 1 if the event type is one of positive_events, else 0"
-OUTPUT_BATCH_ROWS = 1 << 16
+LABEL_COLUMNS_DEFINITION = "labels = the label columns (numbers; true/false = 1/0)"
+OUTPUT_BATCH_ROWS = 1 << 16  # most samples per output batch
+MIN_BATCH_ROWS = 1024  # fewest samples per output batch (and per batch of a bucket's file)
+MIB = 1 << 20
+DEFAULT_MEMORY_BUDGET_BYTES = 512 * MIB
+FIXED_OVERHEAD_BYTES = 128 * MIB  # on top of the budget: imports done lazily, Arrow pools, slack
+MIN_CHUNK_BYTES = 1 * MIB
+CHUNK_SHARE = 16  # a text chunk is budget / CHUNK_SHARE bytes
+BUCKET_SHARE = 2  # one bucket's events take budget / BUCKET_SHARE at most (for small sessions)
+BUCKET_BYTES_PER_INPUT_BYTE = 8  # measured peak bytes of pass 2 per input byte of a bucket
+MERGE_SHARE = 4  # the merge's batches (one per bucket) take budget / MERGE_SHARE
+MAX_BUCKETS = 256
+ROW_BYTES = 512  # planning figure of one sample's bytes (with a history of ~20)
+LINE_CAP_LINES = 64  # a "line" of 64 line limits with no line break: not a text file
 MAX_LINE_BYTES = 1 << 20  # default bound on one input line (and so on any value in it)
 QUOTE_CHARS = 40  # characters of an input value quoted in a message
-_SUFFIX_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
+_SUFFIX_FORMATS = {
+    ".csv": "csv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
 _ROLES = ("session", "ts", "item", "event")
 _INT_RE = r"^-?\d{1,19}$"
 _NUMBER_RE = r"^-?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$"
@@ -136,27 +204,41 @@ class IngestReport:
     out_dir: str
     """The raw-log directory written."""
     format: str
-    """``csv`` or ``jsonl``."""
+    """``csv``, ``jsonl`` or ``parquet``."""
     rows_in: int
-    """Data lines read (CSV: non-empty lines after the header; JSON Lines: non-blank lines)."""
+    """Data lines read (CSV: non-empty lines after the header; JSON Lines: non-blank lines;
+    Parquet: rows)."""
     rows_out: int
-    """Samples written (one per good event)."""
+    """Samples written (one per good event that has an item)."""
     quarantined: int
     """Bad lines written to ``_quarantine.jsonl`` (0 unless on_bad_rows is quarantine)."""
     sessions: int
     """Distinct sessions among the rows written."""
     positives: int
-    """Rows with label 1."""
+    """Samples whose (first) label is 1."""
     ts_unit: str
     """Timestamp format used: ``ms``, ``s`` or ``iso`` (``auto`` resolved)."""
     session_ids: str
     """Session-id mode used: ``int`` or ``hash`` (``auto`` resolved)."""
     history: int
-    """N: length of the history features."""
+    """N: length of the history features (0: none)."""
+    history_only: int = 0
+    """Good events with no item kept in the histories only (``keep_itemless``): rows in =
+    rows out + history only + quarantined."""
+    labels: list[str] = field(default_factory=lambda: [LABEL])
+    """Label columns of the output."""
     event_vocabulary: dict[str, int] = field(default_factory=dict)
     """Event type name -> id used in ``hist_event_types``."""
     positive_events: list[str] = field(default_factory=list)
-    """Event types that give label 1."""
+    """Event types that give label 1 ([] with label columns)."""
+    mapping: dict[str, Any] = field(default_factory=dict)
+    """The column mapping used (``IngestMapping`` as a dict)."""
+    buckets: int = 1
+    """Session buckets of the streaming read (1: the events were held in memory)."""
+    memory_budget_bytes: int = 0
+    """The memory budget the read was planned for."""
+    warnings: list[str] = field(default_factory=list)
+    """Warnings also logged (e.g. a label that is constant)."""
     quarantine_path: str | None = None
     """``OUT/_quarantine.jsonl`` when rows were quarantined."""
     elapsed_s: float = 0.0
@@ -169,15 +251,21 @@ class IngestReport:
             "format": self.format,
             "rows_in": self.rows_in,
             "rows_out": self.rows_out,
+            "history_only": self.history_only,
             "quarantined": self.quarantined,
             "sessions": self.sessions,
             "positives": self.positives,
             "ts_unit": self.ts_unit,
             "session_ids": self.session_ids,
             "history": self.history,
-            "label": LABEL_DEFINITION,
+            "label": LABEL_COLUMNS_DEFINITION if self.mapping.get("labels") else LABEL_DEFINITION,
+            "labels": self.labels,
             "positive_events": self.positive_events,
             "event_vocabulary": self.event_vocabulary,
+            "mapping": self.mapping,
+            "buckets": self.buckets,
+            "memory_budget_bytes": self.memory_budget_bytes,
+            "warnings": self.warnings,
             "quarantine_path": self.quarantine_path,
             "elapsed_s": round(self.elapsed_s, 3),
         }
@@ -273,104 +361,141 @@ def ingest_events(
     path: Path,
     out_dir: Path,
     *,
+    mapping: IngestMapping | None = None,
     fmt: str | None = None,
-    session_col: str = "session_id",
-    ts_col: str = "ts",
-    item_col: str = "item_id",
-    event_col: str = "event_type",
-    ts_unit: str = "auto",
-    history: int = 20,
-    positive_events: Sequence[str] = DEFAULT_POSITIVE_EVENTS,
+    session_col: str | None = None,
+    ts_col: str | None = None,
+    item_col: str | None = None,
+    event_col: str | None = None,
+    ts_unit: str | None = None,
+    history: int | None = None,
+    positive_events: Sequence[str] | None = None,
     on_bad_rows: str = "fail",
-    session_ids: str = "auto",
+    session_ids: str | None = None,
     event_vocabulary: Mapping[str, int] | None = None,
     request_id_base: int = 0,
     delimiter: str = ",",
     max_line_bytes: int = MAX_LINE_BYTES,
     allow_empty: bool = False,
+    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
     show_progress: bool = True,
 ) -> IngestReport:
     """Read the event log at ``path`` and write it as a raw-log directory ``out_dir``.
 
-    See the module docstring for the input, the output schema, the label and bad-row handling.
-    ``out_dir`` is replaced atomically, and only when there are events to write: an input with
-    none (empty, only blank lines, only a CSV header, or only bad lines in quarantine mode)
-    raises ``NoEventsError`` and leaves ``out_dir`` as it was, unless ``allow_empty``. Raises
-    ``BadLineError`` on the first bad line when ``on_bad_rows == "fail"``, ``SchemaError`` for
-    a missing column or unreadable file and ``ConfigError`` for bad options.
+    See the module docstring for the input, the output schema, the label, bad-row handling and
+    the memory bound. ``mapping`` names the columns and features; the older keyword options
+    (``session_col`` ... ``session_ids``) build one when it is not given (giving both is an
+    error). ``out_dir`` is replaced atomically, and only when there are events to write: an
+    input with none (empty, only blank lines, only a CSV header, or only bad lines in
+    quarantine mode) raises ``NoEventsError`` and leaves ``out_dir`` as it was, unless
+    ``allow_empty``. Raises ``BadLineError`` on the first bad line when ``on_bad_rows ==
+    "fail"``, ``SchemaError`` for a missing column or unreadable file and ``ConfigError`` for
+    bad options.
     """
     start = time.perf_counter()
     path = Path(path)
     fmt = _resolve_format(path, fmt)
-    _check_options(ts_unit, history, on_bad_rows, session_ids, delimiter, max_line_bytes)
-    names = {"session": session_col, "ts": ts_col, "item": item_col, "event": event_col}
+    mapping = _mapping_of(
+        mapping,
+        session=session_col,
+        ts=ts_col,
+        item=item_col,
+        event=event_col,
+        ts_unit=ts_unit,
+        history=history,
+        positive_events=None if positive_events is None else list(positive_events),
+        session_ids=session_ids,
+    )
+    _check_options(on_bad_rows, delimiter, max_line_bytes, memory_budget_bytes)
+    if fmt == "csv" and mapping.sparse_lists and mapping.list_separator == delimiter:
+        raise ConfigError(
+            f"mapping.list_separator {mapping.list_separator!r} is the CSV delimiter: pick another"
+        )
     if not path.is_file():
         raise ConfigError(f"event log {path} does not exist")
-    data = path.read_bytes()
-    if data.startswith(_UTF8_BOM):
-        data = data[len(_UTF8_BOM) :]
-    lines = _Lines(data)
-    rejected: list[_BadLine] = []
-    if not lines.blank().all():
-        text, rejected = _read_text(
-            path, lines, fmt, names, delimiter, max_line_bytes, on_bad_rows == "fail"
+    plan = _plan(path, memory_budget_bytes, max_line_bytes)
+    with tempfile.TemporaryDirectory(
+        prefix=f".{Path(out_dir).name}.ingest-", dir=_parent(out_dir)
+    ) as scratch:
+        spill = _Spill(Path(scratch), plan.buckets)
+        read = _read_into_buckets(
+            path,
+            fmt,
+            mapping,
+            spill,
+            plan=plan,
+            delimiter=delimiter,
+            max_line_bytes=max_line_bytes,
+            first_only=on_bad_rows == "fail",
+            show_progress=show_progress,
         )
-    elif allow_empty:
-        text = _no_text()
-    else:
-        raise _no_events(path, "the file is empty" if not data else "only blank lines")
-    events, parse_bad = _parse_columns(text, names, ts_unit=ts_unit, session_ids=session_ids)
-    bad = rejected + parse_bad
-    if bad and on_bad_rows == "fail":
-        first = min(bad, key=lambda b: b.line)
-        raise BadLineError(str(path), first.line, first.field, first.problem)
-    rows_in = text.rows_in + len(rejected)
-    if len(events.lines) == 0 and not allow_empty:
-        if bad:
+        spill.close()
+        modes = read.modes(mapping)
+        provisional = sorted(read.event_names)
+        done = _samples_per_bucket(
+            spill, mapping, modes, provisional, plan, read.schema, request_id_base
+        )
+        bad = read.bad + done.bad
+        if bad and on_bad_rows == "fail":
             first = min(bad, key=lambda b: b.line)
-            where = f"field {first.field!r}: " if first.field else ""
-            reason = f"all {rows_in:,} data lines are bad, the first: line {first.line}: {where}"
-            raise _no_events(path, reason + first.problem)
-        raise _no_events(path, "only a header line" if fmt == "csv" else "only blank lines")
-    vocabulary = _event_vocabulary(events.event, event_vocabulary)
-    positives = sorted({p.strip().lower() for p in positive_events if p.strip()})
-    with replace_dir_atomically(out_dir) as tmp:
-        written = _write_samples(
-            tmp, events, vocabulary, positives, history, request_id_base, show_progress
-        )
-        quarantine_path = None
-        if bad:
-            _write_quarantine(tmp / QUARANTINE_FILE, path, lines, bad, max_line_bytes)
-            quarantine_path = str(Path(out_dir) / QUARANTINE_FILE)
-        report = IngestReport(
-            source=str(path),
-            out_dir=str(out_dir),
-            format=fmt,
-            rows_in=rows_in,
-            rows_out=written.rows,
-            quarantined=len(bad),
-            sessions=written.sessions,
-            positives=written.positives,
-            ts_unit=events.ts_unit,
-            session_ids=events.session_mode,
-            history=history,
-            event_vocabulary=vocabulary,
-            positive_events=positives,
-            quarantine_path=quarantine_path,
-        )
-        if report.rows_out + report.quarantined != report.rows_in:  # an invariant, not input
-            raise AssertionError(
-                f"{path}: {report.rows_in} rows in != {report.rows_out} out + "
-                f"{report.quarantined} quarantined"
+            raise BadLineError(str(path), first.line, first.field, first.problem)
+        stats = done.stats
+        if stats.samples == 0 and not allow_empty:
+            raise _no_events(path, _why_no_events(read, bad, fmt, stats))
+        vocabulary = _event_vocabulary(done.event_names, event_vocabulary)
+        lookup = np.array([0, *(vocabulary.get(name, 0) for name in provisional)], dtype=np.int64)
+        catalogue = build_catalogue(stats, mapping, event_types=max(vocabulary.values(), default=0))
+        warnings = _constant_label_warnings(stats, mapping)
+        with replace_dir_atomically(out_dir) as tmp:
+            with rawlog.RawLogWriter(tmp, catalogue) as writer:
+                for batch in done.batches():
+                    if mapping.history:
+                        batch = remap_values(batch, HISTORY_SPARSE[1], lookup)
+                    writer.write(batch)
+            quarantine_path = None
+            if bad:
+                texts = _bad_line_texts(path, fmt, bad, max_line_bytes)
+                _write_quarantine(tmp / QUARANTINE_FILE, path, bad, texts)
+                quarantine_path = str(Path(out_dir) / QUARANTINE_FILE)
+            report = IngestReport(
+                source=str(path),
+                out_dir=str(out_dir),
+                format=fmt,
+                rows_in=read.rows_in,
+                rows_out=stats.samples,
+                quarantined=len(bad),
+                history_only=stats.history_only,
+                sessions=stats.sessions,
+                positives=int(stats.label_sum.get(mapping.label_names[0], 0.0)),
+                ts_unit=modes.ts_unit,
+                session_ids=modes.session_ids,
+                history=mapping.history,
+                labels=mapping.label_names,
+                event_vocabulary=vocabulary,
+                positive_events=mapping.positives,
+                mapping=mapping.to_dict(),
+                buckets=plan.buckets,
+                memory_budget_bytes=memory_budget_bytes,
+                warnings=warnings,
+                quarantine_path=quarantine_path,
             )
-        report.elapsed_s = time.perf_counter() - start
-        (tmp / INGEST_FILE).write_text(json.dumps(report.to_dict(), indent=1))
+            if report.rows_out + report.history_only + report.quarantined != report.rows_in:
+                raise AssertionError(  # an invariant, not input
+                    f"{path}: {report.rows_in} rows in != {report.rows_out} out + "
+                    f"{report.history_only} history-only + {report.quarantined} quarantined"
+                )
+            report.elapsed_s = time.perf_counter() - start
+            (tmp / INGEST_FILE).write_text(json.dumps(report.to_dict(), indent=1))
+    for warning in warnings:
+        log.warning("%s", warning)
     log.info(
-        "ingested %s: %d rows in, %d out, %d quarantined",
+        "ingested %s: %d rows in, %d out, %d history-only, %d quarantined, %d bucket(s)",
         path,
         report.rows_in,
         report.rows_out,
+        report.history_only,
         report.quarantined,
+        plan.buckets,
     )
     return report
 
@@ -382,6 +507,693 @@ def read_ingest_info(raw_dir: Path) -> dict[str, Any]:
         raise ConfigError(f"{raw_dir}: no {INGEST_FILE}: not written by recd logs ingest")
     data: dict[str, Any] = json.loads(path.read_text())
     return data
+
+
+def memory_bound_bytes(memory_budget_bytes: int) -> int:
+    """The stated bound on the growth of an ingest process's peak memory (RSS) for any input
+    whose lines are under the line limit and whose largest session is small next to the
+    budget: the budget plus ``FIXED_OVERHEAD_BYTES`` (allocator slack, Arrow pools)."""
+    return memory_budget_bytes + FIXED_OVERHEAD_BYTES
+
+
+def _mapping_of(mapping: IngestMapping | None, **options: Any) -> IngestMapping:
+    given = {k: v for k, v in options.items() if v is not None}
+    if mapping is None:
+        return IngestMapping(**given)
+    if given:
+        raise ConfigError(
+            f"give either a mapping or the column options ({', '.join(sorted(given))}), not both"
+        )
+    return mapping
+
+
+def _parent(out_dir: Path) -> Path:
+    parent = Path(out_dir).absolute().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    return parent
+
+
+def _why_no_events(read: _ReadResult, bad: list[_BadLine], fmt: str, stats: SampleStats) -> str:
+    if read.bytes_read == 0:
+        return "the file is empty"
+    if not read.content:
+        return "only blank lines"
+    if bad:
+        first = min(bad, key=lambda b: b.line)
+        where = f"field {first.field!r}: " if first.field else ""
+        reason = f"all {read.rows_in:,} data lines are bad, the first: line {first.line}: {where}"
+        return reason + first.problem
+    if stats.history_only:
+        return f"all {stats.history_only:,} events have no item (history only)"
+    return "only a header line" if fmt == "csv" else "only blank lines"
+
+
+def _constant_label_warnings(stats: SampleStats, mapping: IngestMapping) -> list[str]:
+    """One line per label with a single value on every sample (a typo in positive_events, or
+    the wrong label column)."""
+    out = []
+    for name, value in stats.constant_labels().items():
+        hint = (
+            f"the label column {name!r} is right"
+            if mapping.labels
+            else f"--positive-events ({','.join(mapping.positives) or 'none'}) names event "
+            "types of this log (see event_vocabulary in _ingest.json)"
+        )
+        out.append(
+            f"label {name!r} is {value:g} on all {stats.samples:,} samples: a model cannot "
+            f"learn from it; check that {hint}"
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------- plan
+
+
+@dataclass(slots=True)
+class _Plan:
+    """How the input is read: chunk size, buckets, rows per output batch."""
+
+    file_bytes: int
+    chunk_bytes: int
+    buckets: int
+    batch_rows: int
+
+
+def _plan(path: Path, budget: int, max_line_bytes: int) -> _Plan:
+    """Split ``budget``: a text chunk of ``budget / CHUNK_SHARE`` bytes (at least one line
+    limit), and enough buckets that one bucket's events take ``budget / BUCKET_SHARE``."""
+    size = path.stat().st_size
+    chunk = max(MIN_CHUNK_BYTES, budget // CHUNK_SHARE, 2 * max_line_bytes)
+    per_bucket = max(1, budget // BUCKET_SHARE)
+    buckets = min(MAX_BUCKETS, max(1, math.ceil(size * BUCKET_BYTES_PER_INPUT_BYTE / per_bucket)))
+    fan_in = min(buckets, MERGE_FAN_IN)
+    batch_rows = max(
+        MIN_BATCH_ROWS, min(OUTPUT_BATCH_ROWS, budget // (MERGE_SHARE * fan_in * ROW_BYTES))
+    )
+    return _Plan(file_bytes=size, chunk_bytes=chunk, buckets=buckets, batch_rows=batch_rows)
+
+
+# ----------------------------------------------------------------------------- pass 1
+
+
+class _Spill:
+    """Rows of the first pass, by bucket (hash of the session id): Arrow IPC stream files
+    under ``root``, or with one bucket the record batches in memory."""
+
+    def __init__(self, root: Path, buckets: int) -> None:
+        self.root = root
+        self.buckets = buckets
+        self.memory: list[pa.RecordBatch] = []
+        self._writers: list[ipc.RecordBatchStreamWriter] = []
+
+    def path(self, bucket: int) -> Path:
+        return self.root / f"bucket-{bucket:04d}.arrow"
+
+    def write(self, batch: pa.RecordBatch, bucket_of: np.ndarray) -> None:
+        if self.buckets == 1:
+            self.memory.append(batch)
+            return
+        if not self._writers:
+            self._writers = [
+                ipc.new_stream(str(self.path(b)), batch.schema) for b in range(self.buckets)
+            ]
+        order = np.argsort(bucket_of, kind="stable")
+        bounds = np.searchsorted(bucket_of[order], np.arange(self.buckets + 1))
+        for b in range(self.buckets):
+            if bounds[b + 1] > bounds[b]:
+                rows = pa.array(order[bounds[b] : bounds[b + 1]])
+                self._writers[b].write_batch(batch.take(rows))
+
+    def close(self) -> None:
+        for writer in self._writers:
+            writer.close()
+
+    def read(self, bucket: int, schema: pa.Schema | None) -> pa.Table:
+        if schema is None:  # no rows were read
+            return pa.table({})
+        if self.buckets == 1:
+            batches, self.memory = self.memory, []
+            return pa.Table.from_batches(batches, schema=schema).combine_chunks()
+        if not self._writers:
+            return pa.Table.from_batches([], schema=schema)
+        with pa.OSFile(str(self.path(bucket))) as source:
+            table = ipc.open_stream(source).read_all().combine_chunks()
+        self.path(bucket).unlink()
+        return table
+
+
+@dataclass(slots=True)
+class _Modes:
+    ts_unit: str
+    session_ids: str
+
+
+@dataclass(slots=True)
+class _ReadResult:
+    """What the first pass saw: counts for the auto modes, event names, bad lines."""
+
+    rows_in: int = 0
+    bytes_read: int = 0
+    content: bool = False  # a line that is not blank
+    bad: list[_BadLine] = field(default_factory=list)
+    event_names: set[str] = field(default_factory=set)
+    session_present: int = 0
+    session_ints: int = 0
+    ts_numeric: int = 0
+    ts_iso: int = 0
+    ts_abs_max: float = 0.0
+    schema: pa.Schema | None = None
+
+    def modes(self, mapping: IngestMapping) -> _Modes:
+        """The timestamp unit and session-id mode, ``auto`` resolved over the whole file."""
+        unit = mapping.ts_unit
+        if unit == "auto":
+            unit = "iso" if self.ts_iso > self.ts_numeric else "number"
+        if unit == "number":
+            unit = "ms" if self.ts_abs_max >= _MS_THRESHOLD else "s"
+        session = mapping.session_ids
+        if session == "auto":
+            session = "int" if self.session_ints == self.session_present else "hash"
+        return _Modes(ts_unit=unit, session_ids=session)
+
+
+def _roles(mapping: IngestMapping) -> dict[str, str]:
+    """Role -> input column: the four core roles, then ``label:``, ``dense:``, ``sparse:`` and
+    ``list:`` roles of the mapped features."""
+    names = {
+        "session": mapping.session,
+        "ts": mapping.ts,
+        "item": mapping.item,
+        "event": mapping.event,
+    }
+    for prefix, columns in (
+        ("label", mapping.labels),
+        ("dense", mapping.dense),
+        ("sparse", mapping.sparse),
+        ("list", mapping.sparse_lists),
+    ):
+        names.update({f"{prefix}:{c}": c for c in columns})
+    return names
+
+
+def _read_into_buckets(
+    path: Path,
+    fmt: str,
+    mapping: IngestMapping,
+    spill: _Spill,
+    *,
+    plan: _Plan,
+    delimiter: str,
+    max_line_bytes: int,
+    first_only: bool,
+    show_progress: bool,
+) -> _ReadResult:
+    """Pass 1: read the input chunk by chunk; spill each chunk's rows to their buckets."""
+    names = _roles(mapping)
+    result = _ReadResult()
+    bar = (
+        progress_bar(desc="ingest: read", total=plan.file_bytes, unit="B")
+        if show_progress
+        else tqdm(disable=True)
+    )
+    with bar:
+        if fmt == "parquet":
+            chunks = _iter_parquet(path, names, mapping, plan, result)
+        else:
+            chunks = _iter_text(
+                path,
+                fmt,
+                names,
+                plan,
+                result,
+                delimiter,
+                max_line_bytes,
+                first_only,
+                mapping.list_separator,
+            )
+        for text, size in chunks:
+            _spill_chunk(text, names, mapping, spill, result)
+            bar.update(size)
+    return result
+
+
+def _iter_text(
+    path: Path,
+    fmt: str,
+    names: dict[str, str],
+    plan: _Plan,
+    result: _ReadResult,
+    delimiter: str,
+    max_line_bytes: int,
+    first_only: bool,
+    separator: str,
+) -> Iterator[tuple[_TextColumns, int]]:
+    """CSV / JSON Lines: the text columns of each chunk of whole lines (a CSV chunk after the
+    first gets the header line in front, numbered as in the file)."""
+    header: tuple[bytes, int] | None = None
+    for data, before, size in _iter_line_chunks(path, plan.chunk_bytes, max_line_bytes):
+        result.bytes_read += len(data)
+        lines = _Lines(data)
+        lines.numbers = lines.numbers + before
+        if lines.blank().all():
+            yield _no_text(), size
+            continue
+        result.content = True
+        if fmt == "csv" and header is not None:
+            lines = _Lines(header[0] + b"\n" + data)
+            lines.numbers = np.concatenate(
+                [[header[1]], before + np.arange(1, len(lines), dtype=np.int64)]
+            )
+        elif fmt == "csv":
+            index = int(np.flatnonzero(~lines.empty())[0])
+            header = (lines.raw(index), int(lines.numbers[index]))
+        text, rejected = _read_text(
+            path, lines, fmt, names, delimiter, max_line_bytes, first_only, separator
+        )
+        result.rows_in += text.rows_in + len(rejected)
+        result.bad.extend(rejected)
+        yield text, size
+        if first_only and rejected:
+            return  # the old whole-file read dropped every line after the first rejected one
+
+
+def _iter_line_chunks(
+    path: Path, chunk_bytes: int, max_line_bytes: int
+) -> Iterator[tuple[bytes, int, int]]:
+    """(bytes of whole lines, lines before them, input bytes they cover) of ``path``, about
+    ``chunk_bytes`` at a time; a leading UTF-8 BOM is dropped. A line with no line break
+    within ``LINE_CAP_LINES`` line limits (and the chunk size) is refused: the input is not
+    line-oriented text."""
+    cap = max(chunk_bytes, LINE_CAP_LINES * max_line_bytes)
+    pending = b""
+    before = 0
+    first = True
+    with path.open("rb") as f:
+        while True:
+            block = f.read(chunk_bytes)
+            size = len(block)
+            if first:
+                first = False
+                if block.startswith(_UTF8_BOM):
+                    block = block[len(_UTF8_BOM) :]
+            if not block:
+                if pending:
+                    yield pending, before, 0
+                return
+            data = pending + block if pending else block
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                if len(data) > cap:
+                    raise SchemaError(
+                        f"{path}: line {before + 1}: no line break in {len(data):,} bytes (over "
+                        f"{LINE_CAP_LINES} x --max-line-bytes): not a line-oriented text file?"
+                    )
+                pending = data
+                continue
+            chunk, pending = data[: cut + 1], data[cut + 1 :]
+            yield chunk, before, size
+            before += chunk.count(b"\n")
+
+
+def _iter_parquet(
+    path: Path,
+    names: dict[str, str],
+    mapping: IngestMapping,
+    plan: _Plan,
+    result: _ReadResult,
+) -> Iterator[tuple[_TextColumns, int]]:
+    """Parquet: record batches of about ``plan.chunk_bytes`` decoded bytes, as text columns;
+    a row's "line" is its 1-based row number."""
+    try:
+        source = pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise SchemaError(f"{path}: cannot read as Parquet: {exc}") from exc
+    columns = source.schema_arrow.names
+    missing = [c for c in dict.fromkeys(names.values()) if c not in columns]
+    if missing:
+        raise SchemaError(
+            f"{path}: no column {', '.join(repr(c) for c in missing)} "
+            f"(columns: {', '.join(shorten(c) for c in columns[:50])}); "
+            "set the column names with --*-col or the mapping"
+        )
+    meta = source.metadata
+    row_bytes = max(1, meta.serialized_size // max(1, meta.num_rows)) if meta.num_rows else 1
+    if meta.num_rows and meta.num_row_groups:
+        total = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        row_bytes = max(1, total // meta.num_rows)
+    batch_rows = max(1024, plan.chunk_bytes // (4 * row_bytes))
+    line = 0
+    for batch in source.iter_batches(
+        batch_size=batch_rows, columns=list(dict.fromkeys(names.values()))
+    ):
+        table = pa.Table.from_batches([batch])
+        numbers = np.arange(line + 1, line + 1 + batch.num_rows, dtype=np.int64)
+        line += batch.num_rows
+        text, bad, flagged = _json_columns_as_text(table, names, numbers, mapping.list_separator)
+        result.rows_in += batch.num_rows
+        result.bytes_read += batch.nbytes
+        result.content = True
+        yield (
+            _TextColumns(
+                lines=numbers, columns=text, malformed=bad, rows_in=batch.num_rows, flagged=flagged
+            ),
+            int(plan.file_bytes * batch.num_rows / max(1, meta.num_rows)),
+        )
+
+
+def _spill_chunk(
+    text: _TextColumns,
+    names: dict[str, str],
+    mapping: IngestMapping,
+    spill: _Spill,
+    result: _ReadResult,
+) -> None:
+    """Trim the core columns, count for the auto modes, parse the mapped features (their bad
+    values are kept for pass 2 to report when the core fields are good), spill by bucket."""
+    result.bad.extend(text.malformed)
+    n = len(text.lines)
+    if n == 0:
+        return
+    trimmed = {role: pc.utf8_trim_whitespace(text.columns[role]) for role in _ROLES}
+    trimmed["event"] = pc.utf8_lower(trimmed["event"])
+    _count_modes(trimmed, mapping, result)
+    itemless = _missing(trimmed["item"]) if mapping.keep_itemless else np.zeros(n, dtype=bool)
+    features, bad_field, bad_problem = _parse_features(text.columns, names, mapping, itemless)
+    result.event_names.update(name for name in pc.unique(trimmed["event"]).to_pylist() if name)
+    flagged = text.flagged if text.flagged is not None else np.zeros(n, dtype=bool)
+    columns = {
+        "line": pa.array(text.lines.astype(np.int64)),
+        "flagged": pa.array(flagged),
+        "itemless": pa.array(itemless),
+        "bad_field": pa.array(bad_field, pa.string()),
+        "bad_problem": pa.array(bad_problem, pa.string()),
+        **{role: trimmed[role].cast(pa.string()) for role in _ROLES},
+        **features,
+    }
+    batch = pa.RecordBatch.from_pydict(columns)
+    if result.schema is None:
+        result.schema = batch.schema
+    spill.write(batch, _bucket_of(trimmed["session"], spill.buckets))
+
+
+def _count_modes(trimmed: dict[str, pa.Array], mapping: IngestMapping, result: _ReadResult) -> None:
+    """Add this chunk's counts that resolve ``ts_unit`` / ``session_ids`` ``auto``."""
+    if mapping.session_ids == "auto":
+        present = ~_missing(trimmed["session"])
+        result.session_present += int(present.sum())
+        result.session_ints += int((_matches(trimmed["session"], _INT_RE) & present).sum())
+    if mapping.ts_unit == "auto":
+        values = trimmed["ts"]
+        present = ~_missing(values)
+        numeric = _matches(values, _NUMBER_RE) & present
+        result.ts_numeric += int(numeric.sum())
+        result.ts_iso += int((_matches(values, _ISO_RE) & present).sum())
+        cast, ok = _cast_where(values, numeric, pa.float64())
+        number = np.asarray(pc.fill_null(cast, 0.0).to_numpy(zero_copy_only=False))
+        result.ts_abs_max = max(result.ts_abs_max, float(np.abs(number[ok]).max(initial=0.0)))
+
+
+def _bucket_of(session: pa.Array, buckets: int) -> np.ndarray:
+    """(N,) bucket of each row: a hash of the session id, the same for every spelling of one
+    integer (``007`` and ``7``), so that a session never spans two buckets in either mode."""
+    if buckets == 1:
+        return np.zeros(len(session), dtype=np.int64)
+    cast, ok = _cast_where(session, _matches(session, _INT_RE), pa.int64())
+    canonical = pc.if_else(pa.array(ok), pc.cast(cast, pa.string()), session)
+    return hash_strings(pc.fill_null(canonical, "")) % buckets
+
+
+# ----------------------------------------------------------------------------- features
+
+
+def _parse_features(
+    columns: dict[str, pa.Array],
+    names: dict[str, str],
+    mapping: IngestMapping,
+    itemless: np.ndarray,
+) -> tuple[dict[str, pa.Array], list[str | None], list[str | None]]:
+    """Parse the mapped label, dense and sparse columns of one chunk (N rows).
+
+    Returns the typed columns (``label:<col>`` / ``dense:<col>`` float32, ``sparse:<col>`` /
+    ``list:<col>`` list<int64>) and per row the first bad feature's column and problem (None
+    where all are good). History-only (``itemless``) rows are no samples: not checked.
+    """
+    n = len(itemless)
+    bad_field: list[str | None] = [None] * n
+    bad_problem: list[str | None] = [None] * n
+    row_bad = itemless.copy()
+    out: dict[str, pa.Array] = {}
+    for role, col in names.items():
+        kind = role.split(":", 1)[0]
+        if kind not in ("label", "dense", "sparse", "list"):
+            continue
+        values = pc.utf8_trim_whitespace(columns[role])
+        if kind in ("label", "dense"):
+            parsed = _parse_number(values, kind, mapping.missing_dense if kind == "dense" else None)
+            out[role] = pa.array(parsed.values, pa.float32())
+        else:
+            parsed = _parse_ids(values, kind == "list", mapping.list_separator)
+            out[role] = parsed.values
+        for i in np.flatnonzero(parsed.failed & ~row_bad).tolist():
+            raw = values[i].as_py()
+            bad_field[i] = shorten(col)
+            bad_problem[i] = "missing value" if raw in (None, "") else parsed.problem(raw)
+        row_bad |= parsed.failed
+    return out, bad_field, bad_problem
+
+
+_TRUE_FALSE = {"true": 1.0, "false": 0.0}
+
+
+def _parse_number(values: pa.Array, kind: str, fill: float | None) -> _Parsed:
+    """Numbers (labels also true / false) -> (N,) float64; missing: ``fill`` or failed."""
+    missing = _missing(values)
+    lowered = pc.utf8_lower(values)
+    is_bool = np.asarray(
+        pc.fill_null(pc.is_in(lowered, value_set=pa.array(list(_TRUE_FALSE))), False).to_numpy(
+            zero_copy_only=False
+        ),
+        dtype=bool,
+    ) & (kind == "label")
+    cast, ok = _cast_where(values, _matches(values, _NUMBER_RE) & ~missing, pa.float64())
+    number = np.asarray(pc.fill_null(cast, 0.0).to_numpy(zero_copy_only=False), dtype=np.float64)
+    ok &= np.isfinite(number)
+    if is_bool.any():
+        words = np.array(lowered.to_pylist(), dtype=object)
+        number = np.where(is_bool, [_TRUE_FALSE.get(w, 0.0) for w in words], number)
+        ok |= is_bool
+    failed = ~ok
+    if fill is not None:
+        number = np.where(missing, fill, number)
+        failed &= ~missing
+    expected = "a number or true/false" if kind == "label" else "a number"
+    return _Parsed(
+        values=number.astype(np.float32),
+        failed=failed,
+        problem=lambda raw: f"cannot parse {_quote(raw)} as {expected}",
+    )
+
+
+def _parse_ids(values: pa.Array, is_list: bool, separator: str) -> _Parsed:
+    """Ids (>= 0) -> (N,) list<int64>: an id column gives [id] (missing: []); a list column
+    gives its ids (``3|17|42``, ``[3|17|42]``; missing or empty: [])."""
+    n = len(values)
+    text = pc.fill_null(values, "")
+    if is_list:
+        text = pc.utf8_trim(text, characters="[]")
+        parts = pc.split_pattern(text, pattern=separator)
+        lengths = np.asarray(pc.list_value_length(parts).to_numpy(zero_copy_only=False))
+        flat = pc.utf8_trim_whitespace(pc.list_flatten(parts))
+        empty = np.asarray(pc.equal(text, "").to_numpy(zero_copy_only=False), dtype=bool)
+        lengths = np.where(empty, 0, lengths)
+        keep = np.repeat(
+            ~empty, np.asarray(pc.list_value_length(parts).to_numpy(zero_copy_only=False))
+        )
+        flat = flat.filter(pa.array(keep))
+    else:
+        empty = _missing(values)
+        lengths = (~empty).astype(np.int64)
+        flat = text.filter(pa.array(~empty))
+    cast, ok = _cast_where(flat, _matches(flat, _INT_RE), pa.int64())
+    ids = _to_int64(cast)
+    ok &= ids >= 0
+    row = np.repeat(np.arange(n), lengths)
+    failed = np.zeros(n, dtype=bool)
+    failed[row[~ok]] = True
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+
+    def problem(raw: str) -> str:
+        what = "a list of integer ids (>= 0)" if is_list else "an integer id (>= 0)"
+        return f"cannot parse {_quote(raw)} as {what}"
+
+    return _Parsed(
+        values=pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.where(ok, ids, 0))),
+        failed=failed,
+        problem=problem,
+    )
+
+
+# ----------------------------------------------------------------------------- pass 2
+
+
+@dataclass(slots=True)
+class _Done:
+    """Pass 2 over every bucket: bad lines, good event types, statistics, samples."""
+
+    bad: list[_BadLine]
+    event_names: set[str]
+    stats: SampleStats
+    batches: Callable[[], Iterator[pa.RecordBatch]]
+
+
+def _samples_per_bucket(
+    spill: _Spill,
+    mapping: IngestMapping,
+    modes: _Modes,
+    provisional: list[str],
+    plan: _Plan,
+    spill_schema: pa.Schema | None,
+    request_id_base: int,
+) -> _Done:
+    """Pass 2: per bucket, parse, order the sessions, cut the histories; one bucket's samples
+    stay in memory, several buckets' go to sorted files that are merged on output."""
+    schema = _output_schema(mapping)
+    event_id = {name: i + 1 for i, name in enumerate(provisional)}
+    bad: list[_BadLine] = []
+    names: set[str] = set()
+    stats = SampleStats()
+    kept: BucketSamples | None = None
+    sorted_paths: list[Path] = []
+    for bucket in range(plan.buckets):
+        table = spill.read(bucket, spill_schema)
+        events, bucket_bad, bucket_names = _parse_bucket(table, mapping, modes, event_id)
+        del table
+        bad.extend(bucket_bad)
+        names |= bucket_names
+        samples = BucketSamples(events, mapping.history)
+        stats.add(samples.stats(measure_zipf=bucket == 0))
+        if plan.buckets == 1:
+            kept = samples
+        elif len(samples):
+            target = spill.root / f"samples-{bucket:04d}.arrow"
+            write_sorted(
+                target,
+                samples.batches(
+                    schema, batch_rows=plan.batch_rows, request_id_base=request_id_base
+                ),
+                schema,
+            )
+            sorted_paths.append(target)
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        if kept is not None:
+            yield from kept.batches(
+                schema, batch_rows=plan.batch_rows, request_id_base=request_id_base
+            )
+        else:
+            yield from merge_files(
+                sorted_paths, scratch=spill.root, batch_rows=plan.batch_rows, schema=schema
+            )
+
+    return _Done(bad=bad, event_names=names, stats=stats, batches=batches)
+
+
+def _output_schema(mapping: IngestMapping) -> pa.Schema:
+    """The sample schema (no metadata) of this mapping: what the catalogue will describe."""
+    stats = SampleStats()
+    return build_catalogue(stats, mapping, event_types=0).arrow_schema().remove_metadata()
+
+
+def _parse_bucket(
+    table: pa.Table, mapping: IngestMapping, modes: _Modes, event_id: dict[str, int]
+) -> tuple[BucketEvents, list[_BadLine], set[str]]:
+    """Parse the core columns of a bucket with the resolved modes; report each bad line's first
+    bad field (core fields first, then the mapped features pass 1 checked)."""
+    n = table.num_rows
+    if n == 0:
+        return _no_events_bucket(mapping), [], set()
+    col = {name: table.column(name).combine_chunks() for name in table.column_names}
+    lines = np.asarray(col["line"].to_numpy(), dtype=np.int64)
+    itemless = np.asarray(col["itemless"].to_numpy(zero_copy_only=False), dtype=bool)
+    session, _ = _parse_session(col["session"], modes.session_ids)
+    if mapping.ts_unit == "auto" and modes.ts_unit in ("ms", "s"):
+        ts, _ = _parse_ts(col["ts"], "number", number_unit=modes.ts_unit)
+    else:
+        ts, _ = _parse_ts(col["ts"], modes.ts_unit)
+    parsed = {
+        "session": session,
+        "ts": ts,
+        "item": _parse_item(col["item"]),
+        "event": _Parsed(values=col["event"], failed=np.zeros(n, dtype=bool), problem=str),
+    }
+    names = _roles(mapping)
+    bad: list[_BadLine] = []
+    row_bad = np.asarray(col["flagged"].to_numpy(zero_copy_only=False), dtype=bool).copy()
+    for role in _ROLES:  # report the first failing field of each line
+        missing = _missing(col[role])
+        failed = parsed[role].failed & ~missing
+        if role == "item":
+            missing = missing & ~itemless
+            failed = failed & ~itemless
+        for mask, problem in ((missing, None), (failed, parsed[role].problem)):
+            for i in np.flatnonzero(mask & ~row_bad):
+                raw = col[role][int(i)].as_py()
+                message = "missing value" if problem is None else problem(raw)
+                bad.append(_BadLine(int(lines[i]), names[role], message))
+            row_bad |= mask
+    feature_bad = np.asarray(col["bad_field"].is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    fields, problems = col["bad_field"].to_pylist(), col["bad_problem"].to_pylist()
+    for j in np.flatnonzero(feature_bad & ~row_bad).tolist():
+        bad.append(_BadLine(int(lines[j]), fields[j], problems[j]))
+    row_bad |= feature_bad
+    good = np.flatnonzero(~row_bad)
+    take = pa.array(good)
+    event_names = col["event"].take(take)
+    encoded = pc.dictionary_encode(event_names)
+    dictionary = encoded.dictionary.to_pylist()
+    ids = np.array([event_id[s] for s in dictionary], dtype=np.int64)[_indices(encoded)]
+    item = np.asarray(parsed["item"].values)[good]
+    is_sample = ~itemless[good]
+    item = np.where(is_sample, item, mapping.itemless_item_id)
+    if mapping.labels:
+        labels = {c: np.asarray(col[f"label:{c}"].to_numpy())[good] for c in mapping.labels}
+    else:
+        positive = np.isin(np.array(dictionary, dtype=object), mapping.positives)
+        labels = {"label": positive[_indices(encoded)].astype(np.float32)}
+    events = BucketEvents(
+        lines=lines[good],
+        session=np.asarray(parsed["session"].values)[good],
+        ts=np.asarray(parsed["ts"].values)[good],
+        item=item,
+        event_ids=ids,
+        is_sample=is_sample,
+        labels=labels,
+        dense={c: np.asarray(col[f"dense:{c}"].to_numpy())[good] for c in mapping.dense},
+        sparse={
+            c: col[f"{kind}:{c}"].take(take)
+            for kind, columns in (("sparse", mapping.sparse), ("list", mapping.sparse_lists))
+            for c in columns
+        },
+    )
+    return events, bad, set(dictionary)
+
+
+def _no_events_bucket(mapping: IngestMapping) -> BucketEvents:
+    empty = np.zeros(0, dtype=np.int64)
+    return BucketEvents(
+        lines=empty,
+        session=empty,
+        ts=empty,
+        item=empty,
+        event_ids=empty,
+        is_sample=np.zeros(0, dtype=bool),
+        labels={name: np.zeros(0, np.float32) for name in mapping.label_names},
+        dense={c: np.zeros(0, np.float32) for c in mapping.dense},
+        sparse={
+            c: pa.array([], pa.list_(pa.int64())) for c in [*mapping.sparse, *mapping.sparse_lists]
+        },
+    )
 
 
 def _resolve_format(path: Path, fmt: str | None) -> str:
@@ -398,29 +1210,20 @@ def _resolve_format(path: Path, fmt: str | None) -> str:
 
 
 def _check_options(
-    ts_unit: str,
-    history: int,
-    on_bad_rows: str,
-    session_ids: str,
-    delimiter: str,
-    max_line_bytes: int,
+    on_bad_rows: str, delimiter: str, max_line_bytes: int, memory_budget_bytes: int
 ) -> None:
-    if ts_unit not in TS_UNITS:
-        raise ConfigError(f"ts_unit must be one of {', '.join(TS_UNITS)}, got {ts_unit!r}")
-    if history < 1:
-        raise ConfigError(f"history must be >= 1, got {history}")
     if on_bad_rows not in BAD_ROW_POLICIES:
         raise ConfigError(
             f"on_bad_rows must be one of {', '.join(BAD_ROW_POLICIES)}, got {on_bad_rows!r}"
-        )
-    if session_ids not in SESSION_ID_MODES:
-        raise ConfigError(
-            f"session_ids must be one of {', '.join(SESSION_ID_MODES)}, got {session_ids!r}"
         )
     if len(delimiter.encode()) != 1 or delimiter in '\r\n"':
         raise ConfigError(f"delimiter must be one single-byte character, got {delimiter!r}")
     if max_line_bytes < 1:
         raise ConfigError(f"max_line_bytes must be >= 1, got {max_line_bytes}")
+    if memory_budget_bytes < 16 * MIB:
+        raise ConfigError(
+            f"memory budget must be >= 16 MiB, got {memory_budget_bytes / MIB:.1f} MiB"
+        )
 
 
 def _no_events(path: Path, reason: str) -> NoEventsError:
@@ -458,6 +1261,7 @@ def _read_text(
     delimiter: str,
     max_line_bytes: int,
     first_only: bool,
+    separator: str = "|",
 ) -> tuple[_TextColumns, list[_BadLine]]:
     """The four columns as text, and the lines rejected before parsing (too long, not UTF-8).
 
@@ -475,7 +1279,7 @@ def _read_text(
     readable = lines.without(drop) if drop.size else lines
     if fmt == "csv":
         return _read_csv(path, readable, names, delimiter), rejected
-    return _read_jsonl(path, readable, names), rejected
+    return _read_jsonl(path, readable, names, separator), rejected
 
 
 _FieldAt = Callable[[bytes, int | None], str | None]
@@ -790,7 +1594,9 @@ def _binary_array(data: np.ndarray, offsets: np.ndarray) -> pa.Array:
     )
 
 
-def _read_jsonl(path: Path, lines: _Lines, names: dict[str, str]) -> _TextColumns:
+def _read_jsonl(
+    path: Path, lines: _Lines, names: dict[str, str], separator: str = "|"
+) -> _TextColumns:
     """Read the four fields as strings, keeping each row's line number.
 
     The whole file is parsed at once; if the reader rejects it (invalid JSON, a line that is not
@@ -815,7 +1621,7 @@ def _read_jsonl(path: Path, lines: _Lines, names: dict[str, str]) -> _TextColumn
             ok, error = False, str(exc)
         if ok:
             line_numbers = lines.numbers[content[lo:hi]]
-            columns, bad, flagged = _json_columns_as_text(table, names, line_numbers)
+            columns, bad, flagged = _json_columns_as_text(table, names, line_numbers, separator)
             parts.append((line_numbers, columns, flagged))
             malformed.extend(bad)
         elif hi - lo == 1:
@@ -841,12 +1647,14 @@ def _read_jsonl(path: Path, lines: _Lines, names: dict[str, str]) -> _TextColumn
 
 
 def _json_columns_as_text(
-    table: pa.Table, names: dict[str, str], line_numbers: np.ndarray
+    table: pa.Table, names: dict[str, str], line_numbers: np.ndarray, separator: str = "|"
 ) -> tuple[dict[str, pa.Array], list[_BadLine], np.ndarray]:
-    """Each wanted field as strings (numbers, booleans, timestamps formatted).
+    """Each wanted field as strings (numbers, booleans, timestamps formatted); a list field of
+    a ``list:`` role (a sparse list feature) as its items joined by ``separator``.
 
-    A field holding a JSON object or array makes its line bad (first such field per line);
-    returns the columns, those bad lines and the (N,) mask of rows they flag.
+    A field holding a JSON object or array (other than such a list) makes its line bad (first
+    such field per line); returns the columns, those bad lines and the (N,) mask of rows they
+    flag.
     """
     out: dict[str, pa.Array] = {}
     bad: list[_BadLine] = []
@@ -857,7 +1665,10 @@ def _json_columns_as_text(
             continue
         column = table.column(col).combine_chunks()
         typ = column.type
-        if pa.types.is_nested(typ):
+        if role.startswith("list:") and _is_flat_list(typ):
+            items = pc.cast(column, pa.list_(pa.string()))
+            out[role] = pc.binary_join(items, separator)
+        elif pa.types.is_nested(typ):
             kind = "an array" if pa.types.is_list(typ) else "an object"
             present = np.asarray(column.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
             for i in np.flatnonzero(present & ~flagged):
@@ -871,6 +1682,12 @@ def _json_columns_as_text(
         else:
             out[role] = pc.cast(column, pa.string())
     return out, bad, flagged
+
+
+def _is_flat_list(typ: pa.DataType) -> bool:
+    return (pa.types.is_list(typ) or pa.types.is_large_list(typ)) and not pa.types.is_nested(
+        typ.value_type
+    )
 
 
 def _json_problem(text: str, arrow_error: str) -> str:
@@ -887,70 +1704,12 @@ def _json_problem(text: str, arrow_error: str) -> str:
 
 
 @dataclass(slots=True)
-class _Events:
-    """The good events, in input order."""
-
-    lines: np.ndarray  # (N,) int64
-    session: np.ndarray  # (N,) int64
-    ts: np.ndarray  # (N,) int64 ms
-    item: np.ndarray  # (N,) int64
-    event: pa.Array  # (N,) string, lower-case
-    ts_unit: str
-    session_mode: str
-
-
-@dataclass(slots=True)
 class _Parsed:
     """One column parsed: values for every row, and which rows failed with what problem."""
 
     values: Any
     failed: np.ndarray  # (N,) bool
     problem: Callable[[str], str]  # raw text -> message
-
-
-def _parse_columns(
-    text: _TextColumns, names: dict[str, str], *, ts_unit: str, session_ids: str
-) -> tuple[_Events, list[_BadLine]]:
-    """Parse the text columns; returns the good events and every bad line (malformed first)."""
-    trimmed = {role: pc.utf8_trim_whitespace(text.columns[role]) for role in _ROLES}
-    session, session_mode = _parse_session(trimmed["session"], session_ids)
-    ts, resolved_unit = _parse_ts(trimmed["ts"], ts_unit)
-    parsed = {
-        "session": session,
-        "ts": ts,
-        "item": _parse_item(trimmed["item"]),
-        "event": _Parsed(
-            values=pc.utf8_lower(trimmed["event"]),
-            failed=np.zeros(len(text.lines), dtype=bool),
-            problem=str,
-        ),
-    }
-    bad = list(text.malformed)
-    row_bad = np.zeros(len(text.lines), dtype=bool)
-    if text.flagged is not None:
-        row_bad |= text.flagged
-    for role in _ROLES:  # report the first failing field of each line
-        missing = _missing(trimmed[role])
-        for mask, problem in (
-            (missing, None),
-            (parsed[role].failed & ~missing, parsed[role].problem),
-        ):
-            for i in np.flatnonzero(mask & ~row_bad):
-                raw = trimmed[role][int(i)].as_py()
-                message = "missing value" if problem is None else problem(raw)
-                bad.append(_BadLine(int(text.lines[i]), names[role], message))
-            row_bad |= mask
-    good = np.flatnonzero(~row_bad)
-    events = _Events(
-        lines=text.lines[good],
-        session=np.asarray(parsed["session"].values)[good],
-        ts=np.asarray(parsed["ts"].values)[good],
-        item=np.asarray(parsed["item"].values)[good],
-        event=parsed["event"].values.take(pa.array(good)),
-        ts_unit=resolved_unit,
-        session_mode=session_mode,
-    )
-    return events, bad
 
 
 def _missing(values: pa.Array) -> np.ndarray:
@@ -1027,8 +1786,12 @@ def _parse_item(values: pa.Array) -> _Parsed:
     return _Parsed(values=ints, failed=~ok | negative, problem=problem)
 
 
-def _parse_ts(values: pa.Array, unit: str) -> tuple[_Parsed, str]:
-    """Timestamps to epoch ms: (N,) int64, and the resolved unit (ms, s or iso)."""
+def _parse_ts(values: pa.Array, unit: str, number_unit: str | None = None) -> tuple[_Parsed, str]:
+    """Timestamps to epoch ms: (N,) int64, and the resolved unit (ms, s or iso).
+
+    ``unit`` ``number``: numbers, read as ``number_unit`` (ms or s; None: ms if any magnitude
+    here is >= 1e11), with the messages of ``auto``.
+    """
     present = ~_missing(values)
     numeric = _matches(values, _NUMBER_RE) & present
     iso = _matches(values, _ISO_RE) & present
@@ -1049,7 +1812,9 @@ def _parse_ts(values: pa.Array, unit: str) -> tuple[_Parsed, str]:
         return _Parsed(values=np.floor_divide(ns, 1_000_000), failed=~ok, problem=problem), "iso"
     cast, ok = _cast_where(values, numeric, pa.float64())
     number = np.asarray(pc.fill_null(cast, 0.0).to_numpy(zero_copy_only=False), dtype=np.float64)
-    if unit == "number":
+    if unit == "number" and number_unit is not None:
+        unit = number_unit
+    elif unit == "number":
         big = np.abs(number[ok]).max(initial=0.0) >= _MS_THRESHOLD
         unit = "ms" if big else "s"
     ms = number if unit == "ms" else number * 1000.0
@@ -1061,193 +1826,44 @@ def _parse_ts(values: pa.Array, unit: str) -> tuple[_Parsed, str]:
 # ----------------------------------------------------------------------------- writing
 
 
-def _event_vocabulary(events: pa.Array, given: Mapping[str, int] | None) -> dict[str, int]:
+def _event_vocabulary(names: Iterable[str], given: Mapping[str, int] | None) -> dict[str, int]:
     """Ids of event types: ``given`` ones kept, new names appended in sorted order (ids >= 1)."""
     vocabulary = {str(k).strip().lower(): int(v) for k, v in (given or {}).items()}
     if any(v < 1 for v in vocabulary.values()) or len(set(vocabulary.values())) != len(vocabulary):
         raise ConfigError("event_vocabulary: ids must be distinct integers >= 1")
     next_id = max(vocabulary.values(), default=0) + 1
-    for name in sorted(pc.unique(events).to_pylist()):
+    for name in sorted(names):
         if name not in vocabulary:
             vocabulary[name] = next_id
             next_id += 1
     return vocabulary
 
 
-@dataclass(slots=True)
-class _Written:
-    rows: int
-    sessions: int
-    positives: int
-
-
-def _write_samples(
-    out_dir: Path,
-    events: _Events,
-    vocabulary: dict[str, int],
-    positives: list[str],
-    history: int,
-    request_id_base: int,
-    show_progress: bool,
-) -> _Written:
-    """Compute labels and histories and write the samples in (ts, line) order."""
-    n = len(events.lines)
-    encoded = pc.dictionary_encode(events.event)
-    names = encoded.dictionary.to_pylist()
-    event_ids = np.array([vocabulary[s] for s in names], dtype=np.int64)[_indices(encoded)]
-    labels = np.isin(np.array(names, dtype=object), positives)[_indices(encoded)]
-    # Session order: (session, ts, line); positions inside each session.
-    by_session = np.lexsort((events.lines, events.ts, events.session))
-    session_sorted = events.session[by_session]
-    new_session = np.ones(n, dtype=bool)
-    new_session[1:] = session_sorted[1:] != session_sorted[:-1]
-    session_start = np.maximum.accumulate(np.where(new_session, np.arange(n), 0))
-    position = np.arange(n) - session_start  # earlier events of the session
-    rank = np.empty(n, dtype=np.int64)
-    rank[by_session] = np.arange(n)  # input row -> index in session order
-    items_sorted = events.item[by_session]
-    repeats = (position[1:] > 0) & (items_sorted[1:] == items_sorted[:-1])
-    same_item = float(repeats.sum() / max(1, int((position > 0).sum())))
-    hist = _Histories(
-        items=items_sorted,
-        types=event_ids[by_session],
-        ts=events.ts[by_session],
-        position=position,
-        history=history,
-    )
-    catalogue = _catalogue(events, labels, position, history, vocabulary, same_item)
-    arrival = np.lexsort((events.lines, events.ts))
-    bar = (
-        progress_bar(desc="ingest: write samples", total=n, unit="rows")
-        if show_progress
-        else tqdm(disable=True)
-    )
-    with rawlog.RawLogWriter(out_dir, catalogue) as writer, bar:
-        for lo in range(0, n, OUTPUT_BATCH_ROWS):
-            rows = arrival[lo : lo + OUTPUT_BATCH_ROWS]
-            writer.write(
-                hist.batch(
-                    rows,
-                    rank[rows],
-                    session=events.session,
-                    request_id=events.lines + request_id_base,
-                    label=labels,
-                    schema=catalogue.arrow_schema().remove_metadata(),
-                )
-            )
-            bar.update(len(rows))
-    return _Written(rows=n, sessions=int(new_session.sum()), positives=int(labels.sum()))
-
-
 def _indices(encoded: pa.DictionaryArray) -> np.ndarray:
     return np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-@dataclass(slots=True)
-class _Histories:
-    """Columns in session order, from which each event's last-N history is a slice."""
-
-    items: np.ndarray  # (N,) int64
-    types: np.ndarray  # (N,) int64
-    ts: np.ndarray  # (N,) int64 ms
-    position: np.ndarray  # (N,) int64: earlier events in the session
-    history: int
-
-    def batch(
-        self,
-        rows: np.ndarray,
-        ranks: np.ndarray,
-        *,
-        session: np.ndarray,
-        request_id: np.ndarray,
-        label: np.ndarray,
-        schema: pa.Schema,
-    ) -> pa.RecordBatch:
-        """The samples of input ``rows`` (B,) whose session-order indices are ``ranks`` (B,)."""
-        lengths = np.minimum(self.position[ranks], self.history)  # (B,)
-        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        # history of row b = session-order slice [rank_b - len_b, rank_b)
-        within = np.arange(offsets[-1]) - np.repeat(offsets[:-1], lengths)
-        take = np.repeat(ranks - lengths, lengths) + within
-        first = self.position[ranks] == 0
-        prev_ts = self.ts[np.maximum(ranks - 1, 0)]
-        secs = np.where(first, 0.0, (self.ts[ranks] - prev_ts) / 1000.0)
-        list_offsets = pa.array(offsets.astype(np.int32))
-        one = pa.array(np.arange(len(rows) + 1, dtype=np.int32))
-        columns = [
-            pa.array(session[rows]),
-            pa.array(request_id[rows]),
-            pa.array(self.ts[ranks]),
-            pa.array(label[rows].astype(np.float32)),
-            pa.array(lengths.astype(np.float32)),
-            pa.array(secs.astype(np.float32)),
-            pa.ListArray.from_arrays(one, pa.array(self.items[ranks])),
-            pa.ListArray.from_arrays(list_offsets, pa.array(self.items[take])),
-            pa.ListArray.from_arrays(list_offsets, pa.array(self.types[take])),
-        ]
-        return pa.RecordBatch.from_arrays(columns, schema=schema)
-
-
-def _catalogue(
-    events: _Events,
-    labels: np.ndarray,
-    position: np.ndarray,
-    history: int,
-    vocabulary: dict[str, int],
-    same_item: float,
-) -> Catalogue:
-    """The ``ingest`` catalogue, with statistics measured on this input.
-
-    ``same_item`` is d(item_id): the fraction of events (after a session's first) whose item
-    equals the previous event's. The history features change on every event (d = 0).
-    """
-    n = len(events.lines)
-    item_cardinality = int(events.item.max(initial=-1)) + 1 or 1
-    mean_hist = float(np.minimum(position, history).mean()) if n else 0.0
-    sessions = int((position == 0).sum())
-
-    def history_feature(name: str, cardinality: int) -> SparseFeature:
-        return SparseFeature(
-            name=name,
-            kind=SparseKind.HISTORY,
-            mean_length=max(mean_hist, 1e-3),
-            unchanged_prob=0.0,
-            cardinality=cardinality,
-            max_length=history,
-            group=HISTORY_GROUP,
-        )
-
-    start_ms = int(events.ts.min()) if n else 0
-    span_s = (int(events.ts.max()) - start_ms) // 1000 if n else 0
-    rate = float(labels.mean()) if n else 0.5
-    return Catalogue(
-        name=CATALOGUE_NAME,
-        labels=[LABEL],
-        dense=[DenseFeature(name="hist_len"), DenseFeature(name="secs_since_prev_event")],
-        sparse=[
-            SparseFeature(
-                name="item_id",
-                kind=SparseKind.ITEM,
-                mean_length=1.0,
-                unchanged_prob=same_item,
-                cardinality=item_cardinality,
-            ),
-            history_feature("hist_item_ids", item_cardinality),
-            history_feature("hist_event_types", max(vocabulary.values(), default=0) + 1),
-        ],
-        sessions=SessionModel(
-            num_sessions=max(1, sessions),
-            mean_samples=max(1.0, n / max(1, sessions)),
-            start=datetime.fromtimestamp(start_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S"),
-            duration_s=max(1, span_s),
-            label_rate=min(max(rate, 1e-6), 1 - 1e-6),
-        ),
-    )
+def _bad_line_texts(
+    path: Path, fmt: str, bad: list[_BadLine], max_line_bytes: int
+) -> dict[int, str]:
+    """The text of each bad line (cut at ``max_line_bytes``, ending in "…"), read again from
+    the input in chunks; none for Parquet, whose rows are no lines."""
+    wanted = np.unique(np.array([b.line for b in bad if b.line >= 1], dtype=np.int64))
+    texts: dict[int, str] = {}
+    if fmt == "parquet" or wanted.size == 0:
+        return texts
+    for data, before, _ in _iter_line_chunks(path, MIN_CHUNK_BYTES, max_line_bytes):
+        lines = _Lines(data)
+        lo, hi = np.searchsorted(wanted, [before + 1, before + len(lines) + 1])
+        for number in wanted[lo:hi].tolist():
+            texts[number] = lines.text(number - before - 1, max_line_bytes)
+        if hi == wanted.size:
+            break
+    return texts
 
 
 def _write_quarantine(
-    target: Path, source: Path, lines: _Lines, bad: Iterable[_BadLine], max_line_bytes: int
+    target: Path, source: Path, bad: Iterable[_BadLine], texts: dict[int, str]
 ) -> None:
     """One JSON object per bad line: file, line, field, reason and the line's text (a line
     over ``max_line_bytes`` cut there, ending in "…"; bytes that are not UTF-8 as U+FFFD)."""
@@ -1258,8 +1874,6 @@ def _write_quarantine(
                 "line": b.line,
                 "field": b.field,
                 "reason": b.problem,
-                "text": lines.text(b.line - 1, max_line_bytes)
-                if 1 <= b.line <= len(lines)
-                else None,
+                "text": texts.get(b.line),
             }
             f.write(json.dumps(record) + "\n")

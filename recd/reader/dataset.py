@@ -188,7 +188,8 @@ def next_worker(totals: list[int], counts: list[int]) -> int | None:
 class ResumableLoader:
     """Iterates the batches of every remaining epoch of one rank, resumable exactly.
 
-    ``for batch in loader`` yields ``Batch`` objects; ``state_dict()`` at any point records
+    ``for batch in loader`` yields ``Batch`` objects (a finished loader starts over, see
+    ``__iter__``); ``state_dict()`` at any point records
     the position after the last batch handed out, and a new loader given that state via
     ``load_state_dict()`` continues with exactly the next batch (same tensors).
     """
@@ -208,14 +209,30 @@ class ResumableLoader:
         """Batches each local worker yields in ``epoch``."""
         return [self.plan.worker_num_batches(epoch, w) for w in range(self.config.workers_per_rank)]
 
-    def __len__(self) -> int:
-        """Batches left to hand out, over all remaining epochs."""
+    @property
+    def batches_left(self) -> int:
+        """Batches left to hand out before the last epoch ends (0 once finished)."""
+        if self.epoch >= self.config.num_epochs:
+            return 0
         left = sum(self.epoch_totals(self.epoch)) - sum(self._counts)
         return left + sum(
             sum(self.epoch_totals(e)) for e in range(self.epoch + 1, self.config.num_epochs)
         )
 
+    def __len__(self) -> int:
+        """Batches the next ``for`` yields: :attr:`batches_left`, or every epoch's once the
+        loader has finished (it starts over)."""
+        if self.epoch >= self.config.num_epochs:
+            return sum(sum(self.epoch_totals(e)) for e in range(self.config.num_epochs))
+        return self.batches_left
+
     def __iter__(self) -> Iterator[Batch]:
+        """The batches from the current position to the end of the last epoch. A loader that
+        has handed out everything starts again at epoch 0 (so ``for`` works on it again, like
+        a DataLoader); one stopped midway (``break``) continues where it stopped."""
+        if self.epoch >= self.config.num_epochs:
+            self.epoch = 0
+            self._counts = [0] * self.config.workers_per_rank
         while self.epoch < self.config.num_epochs:
             yield from self._iter_epoch()
             self.epoch += 1

@@ -524,7 +524,7 @@ class _BackgroundWriter:
 class Checkpointer:
     """The checkpoint :class:`~recd.train.loop.StepHook` (see the module docstring).
 
-    Usage (what :func:`recd.train.loop.run_training` does)::
+    Usage (what :func:`recd.train.run.run_training` does)::
 
         checkpointer = Checkpointer(config, signals=flags)
         checkpointer.attach(trainer, resume=True)       # every rank; restores the state

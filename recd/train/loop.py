@@ -20,7 +20,7 @@ bit-identical losses on the same machine and thread count.
 State for checkpoints: :meth:`Trainer.capture_state` at a step boundary holds everything a
 bit-exact resume needs (model, optimizer with its step counter, reader position, RNG),
 :meth:`Trainer.restore_state` puts it back; a :class:`StepHook` runs after every step and may
-call :meth:`Trainer.request_stop`. :func:`run_training` adds the
+call :meth:`Trainer.request_stop`. :func:`recd.train.run.run_training` adds the
 :class:`recd.train.checkpointing.Checkpointer` (``[checkpoint]``: checkpoints, SIGTERM /
 SIGUSR1, sidecars, ``resume``).
 
@@ -38,20 +38,17 @@ Non-finite values: a step whose loss is NaN or infinite stops training at once w
 it is recorded or checkpointed), and so does an evaluation whose predictions are not finite;
 ``train.accept_nonfinite`` (``--accept-nonfinite``) trains on instead (metrics NaN / null).
 
-One trainer per run directory: :func:`run_training` takes the directory's lock
+One trainer per run directory: :func:`recd.train.run.run_training` takes the directory's lock
 (:mod:`recd.checkpoint.lock`) before anything in it is touched and holds it to the end.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import json
 import logging
 import math
-import os
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -65,7 +62,6 @@ from tqdm import tqdm
 
 from recd.batch import Batch
 from recd.checkpoint.atomic import write_json_atomic
-from recd.checkpoint.lock import lock_run_directory
 from recd.errors import ConfigError, TrainingDivergedError
 from recd.models import DLRM, ModelConfig, bce_loss, dlrm_config, rm1_config
 from recd.optim import ModelAdam
@@ -73,9 +69,9 @@ from recd.progress import progress_bar
 from recd.reader import ReaderConfig, ResumableLoader, build_plan
 from recd.reader.config import Shuffle
 from recd.schema import Catalogue, SparseKind
-from recd.train.config import TrainConfig, load_train_config
+from recd.train.config import TrainConfig
 from recd.train.history import json_safe, run_history, write_loss_plot
-from recd.train.launch import DistContext, destroy_distributed, in_torchrun, init_distributed
+from recd.train.launch import DistContext
 from recd.train.metrics import (
     bce_from_logits,
     normalized_entropy,
@@ -97,10 +93,7 @@ __all__ = [
     "TrainingDivergedError",
     "build_model_config",
     "format_summary",
-    "owning_run_directory",
     "prepare_reader",
-    "run_training",
-    "train_from_pipeline",
 ]
 
 log = logging.getLogger(__name__)
@@ -568,7 +561,7 @@ class Trainer:
     # ------------------------------------------------------------------ helpers
     def _planned_steps(self) -> int:
         """``train.steps``, or fewer if some rank's reader has fewer batches left."""
-        left = len(self.loader)
+        left = self.loader.batches_left  # a finished reader trains no more (no new pass)
         if self.dist is not None:
             import torch.distributed as tdist
 
@@ -831,115 +824,3 @@ def format_summary(result: TrainResult) -> str:
         lines.append(f"stopped early: {result.stop_reason}")
     lines.append(f"metrics: {result.metrics_path}  plot: {result.plot_path}")
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------- entry points
-def run_training(
-    config: TrainConfig,
-    *,
-    hooks: Sequence[StepHook] = (),
-    show_progress: bool = True,
-    resume: bool = False,
-) -> TrainResult:
-    """Train ``config`` in this process; inside a torchrun worker, as its rank of the job.
-
-    ``train.world_size > 1`` must run under torchrun (``recd train --nproc N`` launches it).
-    With ``[checkpoint] enabled`` (the default) a :class:`recd.train.checkpointing.Checkpointer`
-    runs after ``hooks``: checkpoints every ``checkpoint_every`` steps, on SIGTERM (then stops)
-    and SIGUSR1, and at the end, with the run directory's sidecars. ``resume``: continue from
-    the newest valid checkpoint of the run directory (a fresh start when there is none);
-    without it a run directory that already holds checkpoints is refused. The run directory is
-    owned (locked) for the whole call, before anything in it is touched
-    (:func:`owning_run_directory`).
-    """
-    from recd.train.checkpointing import Checkpointer
-    from recd.train.signals import SignalFlags
-
-    use_checkpoints = config.checkpoint.enabled
-    signals: SignalFlags | None = None
-    if use_checkpoints and threading.current_thread() is threading.main_thread():
-        signals = SignalFlags().install()  # early: a SIGTERM during start-up is not fatal
-    dist: DistContext | None = None
-    owner = contextlib.ExitStack()
-    try:
-        owner = owning_run_directory(config)  # RunDirectoryBusyError: nothing touched
-        if in_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
-            dist = init_distributed(config.train.device)
-            config.train.world_size = dist.world_size
-        elif config.train.world_size > 1:
-            raise ConfigError(
-                f"train.world_size = {config.train.world_size} needs torchrun: run "
-                "`recd train --nproc N` (or set train.world_size = 1)"
-            )
-        trainer = Trainer(config, dist=dist, hooks=hooks, show_progress=show_progress)
-        checkpointer = None
-        try:
-            if use_checkpoints:
-                checkpointer = Checkpointer(config, signals=signals)
-                checkpointer.attach(trainer, resume=resume)
-                trainer.hooks.append(checkpointer)
-            result = trainer.train()
-            if checkpointer is not None:
-                checkpointer.close()  # waits for the write in flight; raises if it failed
-            return result
-        finally:
-            if checkpointer is not None:
-                checkpointer.close(raise_errors=False)
-            trainer.close()
-    finally:
-        if dist is not None:
-            destroy_distributed()
-        owner.close()
-        if signals is not None:
-            signals.uninstall()
-
-
-def owning_run_directory(config: TrainConfig) -> contextlib.ExitStack:
-    """Own the run directory of ``config`` (and its checkpoint directory when that is another
-    one) until the returned stack is closed: their locks (:mod:`recd.checkpoint.lock`).
-
-    Taken by the process that writes there: the only one, or rank 0 of a torchrun job (whose
-    other ranks touch the directory only after rank 0's set-up barrier); a rank 0 under
-    ``recd train --nproc`` finds the lock held by its launcher and proceeds.
-    ``RunDirectoryBusyError`` (naming the live owner's pid) when another process owns it.
-    """
-    stack = contextlib.ExitStack()
-    if in_torchrun() and os.environ["RANK"] != "0":
-        return stack
-    directories = [config.train.run_dir]
-    if config.checkpoint.enabled:
-        directories.append(config.checkpoint_dir)
-    try:
-        for directory in dict.fromkeys(Path(d).resolve() for d in directories):
-            stack.enter_context(lock_run_directory(directory))
-    except BaseException:
-        stack.close()
-        raise
-    return stack
-
-
-def train_from_pipeline(
-    work_dir: Path,
-    config_path: Path,
-    *,
-    dedup_sparse_features: list[list[str]] | None = None,
-    steps: int | None = None,
-    show_progress: bool = True,
-) -> TrainResult:
-    """The ``make run`` training stage: train ``config_path`` on ``work_dir/table``.
-
-    The config's ``[reader] table`` and ``[train] run_dir`` are replaced by ``work_dir/table``
-    and ``work_dir/train``; ``dedup_sparse_features`` (the analysis' proposal,
-    ``TableAnalysis.dedup_sparse_features``) replaces the reader's groups when given.
-    """
-    config = load_train_config(config_path)
-    reader = dataclasses.replace(config.reader, table=str(Path(work_dir) / "table"))
-    if dedup_sparse_features is not None:
-        reader = dataclasses.replace(
-            reader, dedup_sparse_features=[list(g) for g in dedup_sparse_features]
-        )
-    config.reader = reader
-    config.train.run_dir = Path(work_dir) / "train"
-    if steps is not None:
-        config.train.steps = steps
-    return run_training(config, show_progress=show_progress)

@@ -38,7 +38,8 @@ from recd.errors import ConfigError
 from recd.train.checkpointing import Checkpointer, read_checkpoint_flat
 from recd.train.config import load_train_config
 from recd.train.launch import DistContext
-from recd.train.loop import Trainer, run_training
+from recd.train.loop import Trainer
+from recd.train.run import run_training
 from recd.train.signals import SignalFlags
 from tests.distributed.spawn import run_workers
 from tests.integration.test_train_job import table, write_config

@@ -75,7 +75,8 @@ from recd.checkpoint import (
 from recd.checkpoint.format import region_byte_offset
 from recd.errors import CheckpointCorruptError, ConfigError
 from recd.train.config import TrainConfig, load_train_config
-from recd.train.loop import Trainer, TrainingDivergedError, run_training
+from recd.train.loop import Trainer, TrainingDivergedError
+from recd.train.run import run_training
 from tests.integration.test_train_job import recd_env, table, write_config
 
 __all__ = ["table"]  # the module-scoped fixture: the tiny table through the real ETL

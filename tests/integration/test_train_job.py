@@ -21,7 +21,8 @@ from recd.etl.config import EtlConfig
 from recd.etl.local import run_etl
 from recd.schema import Catalogue
 from recd.train.config import TrainConfig, load_train_config
-from recd.train.loop import Trainer, TrainResult, run_training, train_from_pipeline
+from recd.train.loop import Trainer, TrainResult
+from recd.train.run import run_training, train_from_pipeline
 from tests.tables import build_table
 
 REPO = Path(__file__).resolve().parents[2]

@@ -23,7 +23,7 @@ from recd.logs.generate import generate_logs
 from recd.logs.shard import shard_logs
 from recd.schema import Catalogue
 from recd.train.config import load_train_config
-from recd.train.loop import run_training
+from recd.train.run import run_training
 from tests.integration.test_checkpoint_resume import make_config
 from tests.tables import build_table
 

@@ -1,0 +1,494 @@
+"""Samples of ingested events: histories, measured statistics, the catalogue, the merge.
+
+``recd.logs.ingest`` parses an event log into buckets of whole sessions; per bucket,
+:class:`BucketSamples` puts the events in session order (session, ts, line) and cuts each
+sample's history out of it, then yields the samples in arrival order (ts, line).
+:func:`merge_sorted` merges the buckets' sample files into one arrival-order stream, holding
+one batch per bucket. :class:`SampleStats` sums what the catalogue reports over the buckets.
+
+History of a sample = the session's last N earlier events in (ts, line) order, items and event
+types, as session-order slices: for the sample at session-order index ``r`` with ``p`` earlier
+events, ``[r - min(p, N), r)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+
+from recd.logs.ingest_mapping import HISTORY_SPARSE, ITEM_FEATURE, IngestMapping
+from recd.schema import Catalogue, DenseFeature, SessionModel, SparseFeature, SparseKind
+
+CATALOGUE_NAME = "ingest"
+HISTORY_GROUP = "history"
+STATIC_UNCHANGED = 0.5  # a mapped sparse feature unchanged on more rows than this is "static"
+ZIPF_TOP_IDS = 1000  # the most frequent ids the Zipf exponent is fitted on
+ZIPF_FALLBACK = 1.1  # exponent recorded when fewer than 3 distinct ids were seen
+TAIL_SHAPE_MAX = 100.0  # Pareto shape recorded when (almost) every session has one sample
+
+
+@dataclass(slots=True)
+class BucketEvents:
+    """The good events of one bucket (whole sessions), in input order; N events."""
+
+    lines: np.ndarray  # (N,) int64 1-based input line (row) numbers
+    session: np.ndarray  # (N,) int64
+    ts: np.ndarray  # (N,) int64 epoch ms
+    item: np.ndarray  # (N,) int64; itemless_item_id for history-only events
+    event_ids: np.ndarray  # (N,) int64 event type ids (provisional: remapped on output)
+    is_sample: np.ndarray  # (N,) bool: False for history-only (itemless) events
+    labels: dict[str, np.ndarray]  # name -> (N,) float32
+    dense: dict[str, np.ndarray]  # mapped dense features: name -> (N,) float32
+    sparse: dict[str, pa.Array]  # mapped sparse features: name -> (N,) list<int64>
+
+
+@dataclass(slots=True)
+class SampleStats:
+    """Sums over buckets of what the catalogue and the report hold (samples only)."""
+
+    samples: int = 0
+    history_only: int = 0
+    sessions: int = 0  # sessions with at least one sample
+    ts_min: int | None = None
+    ts_max: int | None = None
+    hist_sum: float = 0.0  # sum of hist_len
+    pairs: int = 0  # consecutive samples of one session
+    gap_s_sum: float = 0.0  # their ts differences
+    log_session_sum: float = 0.0  # sum of ln(samples per session)
+    max_session: int = 0
+    item_max: int = -1  # over samples
+    history_item_max: int = -1  # over every event (history-only ones included)
+    unchanged: dict[str, int] = field(default_factory=dict)  # feature -> pairs equal
+    id_max: dict[str, int] = field(default_factory=dict)  # sparse feature -> max id
+    id_total: dict[str, int] = field(default_factory=dict)  # sparse feature -> ids
+    length_max: dict[str, int] = field(default_factory=dict)
+    log_sum: dict[str, float] = field(default_factory=dict)  # dense: sum ln(x), x > 0
+    positive: dict[str, int] = field(default_factory=dict)  # dense: count x > 0
+    label_sum: dict[str, float] = field(default_factory=dict)
+    label_min: dict[str, float] = field(default_factory=dict)
+    label_max: dict[str, float] = field(default_factory=dict)
+    zipf: dict[str, float] = field(default_factory=dict)  # from the first bucket
+
+    def add(self, other: SampleStats) -> None:
+        """Add another bucket's sums (sessions never span buckets)."""
+        for name in (
+            "samples",
+            "history_only",
+            "sessions",
+            "hist_sum",
+            "pairs",
+            "gap_s_sum",
+            "log_session_sum",
+        ):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.max_session = max(self.max_session, other.max_session)
+        self.item_max = max(self.item_max, other.item_max)
+        self.history_item_max = max(self.history_item_max, other.history_item_max)
+        if other.ts_min is not None:
+            self.ts_min = other.ts_min if self.ts_min is None else min(self.ts_min, other.ts_min)
+        if other.ts_max is not None:
+            self.ts_max = other.ts_max if self.ts_max is None else max(self.ts_max, other.ts_max)
+        _add(self.unchanged, other.unchanged)
+        _add(self.id_total, other.id_total)
+        _add(self.log_sum, other.log_sum)
+        _add(self.positive, other.positive)
+        _add(self.label_sum, other.label_sum)
+        for ints, pick_int in ((self.id_max, other.id_max), (self.length_max, other.length_max)):
+            for k, i in pick_int.items():
+                ints[k] = max(ints.get(k, i), i)
+        for k, x in other.label_min.items():
+            self.label_min[k] = min(self.label_min.get(k, x), x)
+        for k, x in other.label_max.items():
+            self.label_max[k] = max(self.label_max.get(k, x), x)
+        for k, v in other.zipf.items():
+            self.zipf.setdefault(k, v)
+
+    def constant_labels(self) -> dict[str, float]:
+        """Labels with one value on every sample: name -> that value."""
+        return {
+            name: self.label_min[name]
+            for name in self.label_min
+            if self.samples and self.label_min[name] == self.label_max[name]
+        }
+
+
+def _add(target: dict, source: dict) -> None:
+    for k, v in source.items():
+        target[k] = target.get(k, 0) + v
+
+
+class BucketSamples:
+    """The samples of one bucket: histories cut from session order, output in arrival order."""
+
+    def __init__(self, events: BucketEvents, history: int) -> None:
+        self.events = events
+        self.history = history
+        n = len(events.lines)
+        # session order: (session, ts, line); position = earlier events of the session
+        self.by_session = np.lexsort((events.lines, events.ts, events.session))
+        session_sorted = events.session[self.by_session]
+        self.new_session = np.ones(n, dtype=bool)
+        self.new_session[1:] = session_sorted[1:] != session_sorted[:-1]
+        session_start = np.maximum.accumulate(np.where(self.new_session, np.arange(n), 0))
+        self.position = np.arange(n) - session_start
+        self.rank = np.empty(n, dtype=np.int64)
+        self.rank[self.by_session] = np.arange(n)  # input row -> index in session order
+        self.items = events.item[self.by_session]
+        self.types = events.event_ids[self.by_session]
+        self.ts = events.ts[self.by_session]
+        samples = np.flatnonzero(events.is_sample)
+        self.arrival = samples[np.lexsort((events.lines[samples], events.ts[samples]))]
+
+    def __len__(self) -> int:
+        return len(self.arrival)
+
+    def hist_len(self, ranks: np.ndarray) -> np.ndarray:
+        return np.minimum(self.position[ranks], self.history)
+
+    def secs_since_prev(self, ranks: np.ndarray) -> np.ndarray:
+        first = self.position[ranks] == 0
+        prev_ts = self.ts[np.maximum(ranks - 1, 0)]
+        return np.where(first, 0.0, (self.ts[ranks] - prev_ts) / 1000.0)
+
+    def batches(
+        self, schema: pa.Schema, *, batch_rows: int, request_id_base: int
+    ) -> Iterator[pa.RecordBatch]:
+        """The samples in arrival (ts, line) order, ``batch_rows`` rows per batch."""
+        for lo in range(0, len(self.arrival), batch_rows):
+            rows = self.arrival[lo : lo + batch_rows]
+            yield self._batch(rows, schema, request_id_base)
+
+    def _batch(self, rows: np.ndarray, schema: pa.Schema, request_id_base: int) -> pa.RecordBatch:
+        """The samples of input ``rows`` (B,), columns in ``schema`` order."""
+        ev = self.events
+        ranks = self.rank[rows]
+        one = pa.array(np.arange(len(rows) + 1, dtype=np.int32))
+        columns: dict[str, pa.Array] = {
+            "session_id": pa.array(ev.session[rows]),
+            "request_id": pa.array(ev.lines[rows] + request_id_base),
+            "ts": pa.array(ev.ts[rows]),
+            "secs_since_prev_event": pa.array(self.secs_since_prev(ranks).astype(np.float32)),
+            ITEM_FEATURE: pa.ListArray.from_arrays(one, pa.array(self.items[ranks])),
+        }
+        for name, values in {**ev.labels, **ev.dense}.items():
+            columns[name] = pa.array(values[rows])
+        for name, lists in ev.sparse.items():
+            columns[name] = lists.take(pa.array(rows))
+        if self.history:
+            lengths = self.hist_len(ranks)  # (B,)
+            offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            # history of row b = session-order slice [rank_b - len_b, rank_b)
+            within = np.arange(offsets[-1]) - np.repeat(offsets[:-1], lengths)
+            take = np.repeat(ranks - lengths, lengths) + within
+            list_offsets = pa.array(offsets.astype(np.int32))
+            columns["hist_len"] = pa.array(lengths.astype(np.float32))
+            columns[HISTORY_SPARSE[0]] = pa.ListArray.from_arrays(
+                list_offsets, pa.array(self.items[take])
+            )
+            columns[HISTORY_SPARSE[1]] = pa.ListArray.from_arrays(
+                list_offsets, pa.array(self.types[take])
+            )
+        return pa.RecordBatch.from_arrays([columns[f.name] for f in schema], schema=schema)
+
+    def stats(self, *, measure_zipf: bool) -> SampleStats:
+        """This bucket's sums; ``measure_zipf``: also fit the id distributions' exponents."""
+        ev = self.events
+        out = SampleStats()
+        is_sample_sorted = ev.is_sample[self.by_session]
+        starts = np.flatnonzero(self.new_session)
+        per_session = (
+            np.add.reduceat(is_sample_sorted.astype(np.int64), starts)
+            if len(starts)
+            else np.zeros(0, np.int64)
+        )
+        per_session = per_session[per_session > 0]
+        out.samples = len(self.arrival)
+        out.history_only = int((~ev.is_sample).sum())
+        out.sessions = len(per_session)
+        out.log_session_sum = float(np.log(per_session).sum())
+        out.max_session = int(per_session.max(initial=0))
+        if not out.samples:
+            return out
+        sample_ts = ev.ts[ev.is_sample]
+        out.ts_min, out.ts_max = int(sample_ts.min()), int(sample_ts.max())
+        ranks = self.rank[self.arrival]
+        out.hist_sum = float(self.hist_len(ranks).sum()) if self.history else 0.0
+        out.item_max = int(ev.item[ev.is_sample].max())
+        out.history_item_max = int(ev.item.max())
+        # consecutive samples of one session, in session order
+        order = self.by_session[is_sample_sorted]
+        same = ev.session[order][1:] == ev.session[order][:-1]
+        out.pairs = int(same.sum())
+        out.gap_s_sum = float((np.diff(ev.ts[order])[same]).sum() / 1000.0)
+
+        def unchanged(values: np.ndarray) -> int:
+            return int(((values[1:] == values[:-1]) & same).sum())
+
+        out.unchanged[ITEM_FEATURE] = unchanged(ev.item[order])
+        dense = {**ev.dense, "secs_since_prev_event": self.secs_since_prev(self.rank)}
+        if self.history:
+            dense["hist_len"] = self.hist_len(self.rank).astype(np.float32)
+        for name, values in dense.items():
+            values = np.asarray(values)[order]
+            out.unchanged[name] = unchanged(values)
+            positive = values[values > 0]
+            out.log_sum[name] = float(np.log(positive.astype(np.float64)).sum())
+            out.positive[name] = len(positive)
+        for name, lists in ev.sparse.items():
+            taken = lists.take(pa.array(order))
+            lengths = np.asarray(pc.list_value_length(taken).to_numpy(zero_copy_only=False))
+            flat = np.asarray(pc.list_flatten(taken).to_numpy(zero_copy_only=False))
+            out.unchanged[name] = unchanged(_list_keys(lengths, flat))
+            out.id_max[name] = int(flat.max(initial=-1))
+            out.id_total[name] = int(lengths.sum())
+            out.length_max[name] = int(lengths.max(initial=0))
+            if measure_zipf:
+                out.zipf[name] = zipf_exponent(flat)
+        for name, values in ev.labels.items():
+            values = values[ev.is_sample]
+            out.label_sum[name] = float(values.sum())
+            out.label_min[name] = float(values.min())
+            out.label_max[name] = float(values.max())
+        if measure_zipf:
+            out.zipf[ITEM_FEATURE] = zipf_exponent(ev.item[ev.is_sample])
+            out.zipf[HISTORY_SPARSE[0]] = zipf_exponent(ev.item)
+            out.zipf[HISTORY_SPARSE[1]] = zipf_exponent(ev.event_ids)
+        return out
+
+
+def _list_keys(lengths: np.ndarray, flat: np.ndarray) -> np.ndarray:
+    """(R,) uint64 key per list (length, then a polynomial hash of the ids): equal lists have
+    equal keys; unequal ones collide with probability ~2^-64."""
+    keys = np.zeros(len(lengths), dtype=np.uint64)
+    if flat.size:
+        row = np.repeat(np.arange(len(lengths)), lengths)
+        within = np.arange(flat.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        with np.errstate(over="ignore"):
+            mixed = (flat.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)) * (
+                np.uint64(0xBF58476D1CE4E5B9) ** (within.astype(np.uint64) + np.uint64(1))
+            )
+            np.add.at(keys, row, mixed)
+    with np.errstate(over="ignore"):
+        return keys ^ (lengths.astype(np.uint64) << np.uint64(48))
+
+
+def zipf_exponent(ids: np.ndarray) -> float:
+    """Exponent s of a Zipf law count(rank k) ~ k^-s fitted (least squares on log-log) to the
+    ``ZIPF_TOP_IDS`` most frequent ``ids``; clamped to [1.01, 5] (the generator needs s > 1);
+    ``ZIPF_FALLBACK`` with fewer than 3 distinct ids."""
+    if ids.size == 0:
+        return ZIPF_FALLBACK
+    counts = np.sort(np.unique(ids, return_counts=True)[1])[::-1][:ZIPF_TOP_IDS]
+    if len(counts) < 3:
+        return ZIPF_FALLBACK
+    x = np.log(np.arange(1, len(counts) + 1))
+    slope = float(np.polyfit(x, np.log(counts), 1)[0])
+    return float(min(max(-slope, 1.01), 5.0))
+
+
+def build_catalogue(stats: SampleStats, mapping: IngestMapping, *, event_types: int) -> Catalogue:
+    """The catalogue of the samples written: columns as ingested, statistics measured.
+
+    Measured: sessions, samples per session (mean, max, Pareto shape), start, duration, mean
+    gap, label rate, and per feature its unchanged-from-previous-sample rate d, mean and max
+    length, cardinality (max id + 1), Zipf exponent (on the first bucket) and, dense, the
+    geometric mean of the positive values (``scale``). ``servers`` (how many writers
+    interleave the generator's sessions) does not apply to a real log: it is 1.
+    """
+    n = stats.samples
+    pairs = max(1, stats.pairs)
+    sessions = max(1, stats.sessions)
+
+    def d(name: str) -> float:
+        return stats.unchanged.get(name, 0) / pairs if stats.pairs else 0.0
+
+    def zipf(name: str) -> float:
+        return stats.zipf.get(name, ZIPF_FALLBACK)
+
+    def dense(name: str) -> DenseFeature:
+        count = stats.positive.get(name, 0)
+        scale = math.exp(stats.log_sum[name] / count) if count else 1.0
+        return DenseFeature(name=name, unchanged_prob=d(name), scale=scale)
+
+    item_cardinality = max(1, stats.item_max + 1)
+    sparse = [
+        SparseFeature(
+            name=ITEM_FEATURE,
+            kind=SparseKind.ITEM,
+            mean_length=1.0,
+            unchanged_prob=d(ITEM_FEATURE),
+            cardinality=item_cardinality,
+            zipf_exponent=zipf(ITEM_FEATURE),
+            max_length=1,
+        )
+    ]
+    dense_names = ["secs_since_prev_event", *mapping.dense]
+    if mapping.history:
+        dense_names.insert(0, "hist_len")
+        mean_hist = stats.hist_sum / n if n else 0.0
+        for name, cardinality in (
+            (HISTORY_SPARSE[0], max(item_cardinality, stats.history_item_max + 1)),
+            (HISTORY_SPARSE[1], event_types + 1),
+        ):
+            sparse.append(
+                SparseFeature(
+                    name=name,
+                    kind=SparseKind.HISTORY,
+                    mean_length=max(mean_hist, 1e-3),
+                    unchanged_prob=0.0,
+                    cardinality=cardinality,
+                    zipf_exponent=zipf(name),
+                    max_length=mapping.history,
+                    group=HISTORY_GROUP,
+                )
+            )
+    for name in [*mapping.sparse, *mapping.sparse_lists]:
+        unchanged = d(name)
+        sparse.append(
+            SparseFeature(
+                name=name,
+                kind=SparseKind.STATIC if unchanged > STATIC_UNCHANGED else SparseKind.ITEM,
+                mean_length=max(stats.id_total.get(name, 0) / max(1, n), 1e-3),
+                unchanged_prob=unchanged,
+                cardinality=max(1, stats.id_max.get(name, -1) + 1),
+                zipf_exponent=zipf(name),
+                max_length=max(1, stats.length_max.get(name, 0)),
+            )
+        )
+    first_label = mapping.label_names[0]
+    rate = stats.label_sum.get(first_label, 0.0) / n if n else 0.5
+    start_ms = stats.ts_min or 0
+    span_s = ((stats.ts_max or 0) - start_ms) // 1000
+    return Catalogue(
+        name=CATALOGUE_NAME,
+        labels=mapping.label_names,
+        dense=[dense(name) for name in dense_names],
+        sparse=sparse,
+        sessions=SessionModel(
+            num_sessions=sessions,
+            mean_samples=max(1.0, n / sessions),
+            tail_shape=tail_shape(stats),
+            max_samples=max(1, stats.max_session),
+            servers=1,
+            start=datetime.fromtimestamp(start_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S"),
+            duration_s=max(1, span_s),
+            mean_gap_s=stats.gap_s_sum / pairs if stats.pairs else 0.0,
+            label_rate=min(max(rate, 1e-6), 1 - 1e-6),
+        ),
+    )
+
+
+def tail_shape(stats: SampleStats) -> float:
+    """Pareto shape of samples per session, maximum-likelihood with x_min = 1:
+    sessions / sum(ln samples); in [1.01, ``TAIL_SHAPE_MAX``] (the generator needs > 1)."""
+    if stats.log_session_sum <= 0:
+        return TAIL_SHAPE_MAX
+    return float(min(max(stats.sessions / stats.log_session_sum, 1.01), TAIL_SHAPE_MAX))
+
+
+# ----------------------------------------------------------------------------- merge
+
+
+def write_sorted(path: Path, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> None:
+    """Write one bucket's arrival-ordered samples to an Arrow IPC file."""
+    with ipc.new_file(str(path), schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+
+
+MERGE_FAN_IN = 16  # files merged at once: memory holds one batch of each
+
+
+def merge_files(
+    paths: Sequence[Path], *, scratch: Path, batch_rows: int, schema: pa.Schema
+) -> Iterator[pa.RecordBatch]:
+    """Merge sorted IPC files (:func:`write_sorted`) into one stream in (ts, request_id) order,
+    ``MERGE_FAN_IN`` files at a time: more files are first merged in groups into files under
+    ``scratch`` (deleting their inputs), so memory holds at most ``MERGE_FAN_IN`` batches."""
+    paths = list(paths)
+    level = 0
+    while len(paths) > MERGE_FAN_IN:
+        merged = []
+        for g in range(0, len(paths), MERGE_FAN_IN):
+            group = paths[g : g + MERGE_FAN_IN]
+            target = scratch / f"merged-{level}-{g // MERGE_FAN_IN:04d}.arrow"
+            write_sorted(target, merge_sorted(group, batch_rows=batch_rows), schema)
+            for path in group:
+                path.unlink()
+            merged.append(target)
+        paths, level = merged, level + 1
+    yield from merge_sorted(paths, batch_rows=batch_rows)
+
+
+def merge_sorted(
+    paths: Sequence[Path], *, batch_rows: int, keys: tuple[str, str] = ("ts", "request_id")
+) -> Iterator[pa.RecordBatch]:
+    """Merge IPC files, each sorted by ``keys``, into one stream sorted by ``keys``, in batches
+    of at most ``batch_rows`` rows.
+
+    Holds one batch per file: every round takes, from each file, its rows up to the smallest
+    last key among the files' current batches (so at least one batch is used up), sorts them
+    and yields them.
+    """
+    readers = [ipc.open_file(pa.OSFile(str(p))) for p in paths]
+    next_batch = [0] * len(readers)
+    current: list[pa.RecordBatch | None] = [None] * len(readers)
+    offset = [0] * len(readers)
+
+    def load(i: int) -> None:
+        while current[i] is None or offset[i] >= current[i].num_rows:  # type: ignore[union-attr]
+            if next_batch[i] >= readers[i].num_record_batches:
+                current[i] = None
+                return
+            current[i] = readers[i].get_batch(next_batch[i])
+            next_batch[i] += 1
+            offset[i] = 0
+
+    for i in range(len(readers)):
+        load(i)
+    while True:
+        active = [i for i in range(len(readers)) if current[i] is not None]
+        if not active:
+            return
+        lasts = []
+        for i in active:
+            batch = current[i]
+            assert batch is not None
+            lasts.append(tuple(batch.column(k)[batch.num_rows - 1].as_py() for k in keys))
+        frontier = min(lasts)
+        pieces = []
+        for i in active:
+            batch = current[i]
+            assert batch is not None
+            a = batch.column(keys[0]).to_numpy()[offset[i] :]
+            b = batch.column(keys[1]).to_numpy()[offset[i] :]
+            take = int(((a < frontier[0]) | ((a == frontier[0]) & (b <= frontier[1]))).sum())
+            if take:
+                pieces.append(batch.slice(offset[i], take))
+                offset[i] += take
+            load(i)
+        table = pa.Table.from_batches(pieces)
+        order = np.lexsort((table.column(keys[1]).to_numpy(), table.column(keys[0]).to_numpy()))
+        merged = table.take(pa.array(order)).combine_chunks()
+        for lo in range(0, merged.num_rows, batch_rows):
+            yield from merged.slice(lo, batch_rows).to_batches()
+
+
+def remap_values(batch: pa.RecordBatch, name: str, lookup: np.ndarray) -> pa.RecordBatch:
+    """``batch`` with the ids of list column ``name`` replaced by ``lookup[id]``."""
+    index = batch.schema.get_field_index(name)
+    column = batch.column(index)
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    values = np.asarray(column.values.to_numpy(zero_copy_only=False), dtype=np.int64)
+    mapped = pa.ListArray.from_arrays(column.offsets, pa.array(lookup[values]))
+    return batch.set_column(index, batch.schema.field(index), mapped)
