@@ -18,13 +18,15 @@ import enum
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
 from recd.errors import ConfigError
 
-__all__ = ["typed_values"]
+__all__ = ["build_section", "typed_values"]
+
+T = TypeVar("T")
 
 
 def _paths_as_str(hint: Any) -> Any:
@@ -84,3 +86,22 @@ def typed_values(cls: type, data: dict[str, Any], section: str) -> dict[str, Any
             ) from None
         out[key] = value if target is not hint else converted
     return out
+
+
+def build_section(cls: type[T], data: Any, section: str, *, source: str | None = None) -> T:
+    """``cls(**data)`` for one TOML section: a table, no unknown key, every value of its
+    field's type, then ``cls``'s own checks; one-line ConfigError ``SOURCE: [section] ...``
+    otherwise."""
+    where = f"{source}: " if source else ""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}[{section}] must be a table, got {_show(data)}")
+    known = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"{where}[{section}] unknown key(s) {', '.join(unknown)}; expected {', '.join(known)}"
+        )
+    try:
+        return cls(**typed_values(cls, data, section))
+    except ConfigError as exc:
+        raise ConfigError(f"{where}{exc}") from None

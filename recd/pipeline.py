@@ -20,7 +20,6 @@ first checkpoint, and finishes the run with ``recd train --resume``.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import tomllib
@@ -28,7 +27,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recd.config_types import typed_values
+import tomli_w
+
+from recd.config_types import build_section
 from recd.errors import ConfigError
 from recd.logs.ingest_mapping import IngestMapping
 
@@ -190,20 +191,7 @@ class PipelineConfig:
         for name, typ in stages.items():
             if name == "ingest" and name not in data:
                 continue
-            section = data.get(name, {})
-            if not isinstance(section, dict):
-                raise ConfigError(f"{path}: [{name}] must be a table, got {section!r}")
-            known = [f.name for f in dataclasses.fields(typ)]
-            unknown_keys = sorted(set(section) - set(known))
-            if unknown_keys:
-                raise ConfigError(
-                    f"{path}: [{name}] unknown key(s) {', '.join(unknown_keys)}; expected "
-                    f"{', '.join(known)}"
-                )
-            try:
-                kwargs[name] = typ(**typed_values(typ, section, name))
-            except ConfigError as exc:
-                raise ConfigError(f"{path}: {exc}") from exc
+            kwargs[name] = build_section(typ, data.get(name, {}), name, source=str(path))
         run = data.get("run", {})
         if not isinstance(run, dict) or not isinstance(run.get("work_dir"), str):
             raise ConfigError(f"{path}: missing [run] work_dir (a directory path)")
@@ -415,7 +403,7 @@ def write_stage_train_config(
         data.setdefault("eval", {})["start"] = split
         data["eval"].pop("end", None)
     path = Path(work_dir) / "train.toml"
-    path.write_text(f"# Written by recd run from {config_path}\n" + dump_toml(data))
+    path.write_text(f"# Written by recd run from {config_path}\n" + tomli_w.dumps(data))
     return path
 
 
@@ -508,35 +496,6 @@ def train_with_sigterm_and_resume(
     )
     result = json.loads((config.train.run_dir / "train.json").read_text())["result"]
     return {**result, "checkpoint_demo": demo}
-
-
-def dump_toml(data: dict[str, Any]) -> str:
-    """TOML text of ``data`` (tables, arrays, inline tables in arrays, str/int/float/bool)."""
-
-    def value(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, int | float):
-            return repr(v)
-        if isinstance(v, str):
-            return json.dumps(v)  # a JSON string is a valid TOML basic string
-        if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        if isinstance(v, dict):
-            return "{ " + ", ".join(f"{json.dumps(k)} = {value(x)}" for k, x in v.items()) + " }"
-        raise ConfigError(f"cannot write {v!r} ({type(v).__name__}) as TOML")
-
-    def table(prefix: str, body: dict[str, Any]) -> list[str]:
-        lines = [f"[{prefix}]"] if prefix else []
-        lines += [
-            f"{json.dumps(k)} = {value(v)}" for k, v in body.items() if not isinstance(v, dict)
-        ]
-        for k, v in body.items():
-            if isinstance(v, dict):
-                lines += ["", *table(f"{prefix}.{k}" if prefix else k, v)]
-        return lines
-
-    return "\n".join(table("", data)).strip() + "\n"
 
 
 @dataclass(slots=True)

@@ -42,7 +42,42 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMAND_MODULES:
         module = importlib.import_module(f"recd.cli.{name}")
         module.register(sub)
+    _show_defaults(parser)
     return parser
+
+
+class _DefaultsMixin(argparse.HelpFormatter):
+    """Appends ``(default: X)`` to an option's help unless the help already speaks of its
+    default or there is none worth showing (None, False, an empty list)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            action.option_strings
+            and "default" not in text.lower()
+            and default is not None
+            and default is not False
+            and default != []
+            and default != argparse.SUPPRESS
+            and not isinstance(action, argparse._VersionAction | argparse._HelpAction)
+        ):
+            text += " (default: %(default)s)"
+        return text
+
+
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Give every (sub)parser a help formatter that shows defaults, keeping its own layout."""
+    stack = [parser]
+    while stack:
+        current = stack.pop()
+        base = current.formatter_class
+        if isinstance(base, type) and not issubclass(base, _DefaultsMixin):
+            shown = type(f"Defaults{base.__name__}", (_DefaultsMixin, base), {})
+            current.formatter_class = shown  # type: ignore[assignment]
+        for action in current._actions:
+            if isinstance(action.choices, dict):
+                stack.extend(p for p in action.choices.values() if hasattr(p, "_actions"))
 
 
 def main(argv: list[str] | None = None) -> int:

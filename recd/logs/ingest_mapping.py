@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recd.config_types import typed_values
+from recd.config_types import build_section
 from recd.errors import ConfigError
 
 TS_UNITS = ("auto", "ms", "s", "iso")
@@ -170,18 +170,7 @@ class IngestMapping:
         cls, data: dict[str, Any], *, section: str = "mapping", source: str | None = None
     ) -> IngestMapping:
         """A mapping from TOML keys; one-line ConfigError naming ``[section]`` and the key."""
-        where = f"{source}: " if source else ""
-        known = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(data) - set(known))
-        if unknown:
-            raise ConfigError(
-                f"{where}[{section}] unknown key(s) {', '.join(unknown)}; expected "
-                f"{', '.join(known)}"
-            )
-        try:
-            return cls(**typed_values(cls, data, section))
-        except ConfigError as exc:
-            raise ConfigError(f"{where}{exc}") from None
+        return build_section(cls, data, section, source=source)
 
     @classmethod
     def from_toml(cls, path: Path, *, overrides: dict[str, Any] | None = None) -> IngestMapping:

@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -75,8 +76,9 @@ def test_recd_run_own_data_end_to_end_then_predict(tmp_path: Path) -> None:
     catalogue = rawlog.read_catalogue(work / "raw")
     assert {"price", "hist_len"} <= set(catalogue.dense_names)
     assert {"category_id", "brand_id", "hist_item_ids"} <= set(catalogue.sparse_names)
-    train_toml = (work / "train.toml").read_text()
-    assert '"end" = "2026-11-01T10:00:00Z"' in train_toml  # holdout_hours = 1 of 08-10
+    train_toml = tomllib.loads((work / "train.toml").read_text())
+    assert train_toml["reader"]["end"] == "2026-11-01T10:00:00Z"  # holdout_hours = 1 of 08-10
+    assert train_toml["eval"]["start"] == "2026-11-01T10:00:00Z"
     assert f"model:   {work / 'train' / 'step_000060.bin'}" in done.stdout
     command = next(line for line in done.stdout.splitlines() if line.startswith("score:"))
     args = command.removeprefix("score:").split()[2:]  # after "recd predict"
