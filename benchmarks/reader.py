@@ -74,10 +74,8 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recd.analyze import TableAnalysis, analyze_table
-from recd.batch import Batch, SparseFeatures
 from recd.etl.partitions import format_time_ms
 from recd.etl.tables import committed_files
-from recd.ikjt import kjt_equal
 from recd.pipeline import reuse_or_build_tables
 from recd.reader import ReaderConfig, build_plan, keep_freed_memory
 from recd.reader.dataset import iter_tagged_batches
@@ -86,6 +84,8 @@ from recd.reader.plan import ReadPlan
 from recd.reader.stats import BatchTiming
 from recd.reader.transform import BatchTransform
 from recd.schema import Catalogue, SparseKind, load_catalogue
+from recd.tensors.batch import Batch, SparseFeatures
+from recd.tensors.ikjt import kjt_equal
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROFILES = ("rm1-like", "clickstream")

@@ -447,7 +447,7 @@ def run_children(
 def _load_batch(path: Path, *, plain: bool, device: Any) -> Any:
     """A converted batch; ``plain``: every IKJT expanded into one KJT (what a reader without
     dedup delivers to the KJT baseline)."""
-    from recd.batch import Batch, SparseFeatures
+    from recd.tensors.batch import Batch, SparseFeatures
 
     with path.open("rb") as f:
         batch = pickle.load(f)

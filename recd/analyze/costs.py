@@ -11,7 +11,7 @@ factor 5-8, and the reader got slower).
 
 So the reader itself is timed: on a sample of the batches it cuts from the table (evenly
 spaced, full batches), its conversion + sparse preprocessing code
-(:func:`recd.convert.convert_sparse` and the job's TorchScript modules, as
+(:func:`recd.tensors.convert.convert_sparse` and the job's TorchScript modules, as
 :class:`recd.reader.transform.BatchTransform` runs them) runs each configuration of dedup
 groups (:func:`job_timer`: one warm-up pass, then the median of ``reps`` passes), and
 :func:`choose_groups` keeps the candidates by backward elimination *in context*: with every
@@ -48,12 +48,12 @@ from typing import Any
 import pyarrow as pa
 import torch
 
-from recd.convert import FeatureSpec, convert_sparse
-from recd.preprocess import preprocess_sparse
 from recd.reader.config import SPARSE_PREPROCESS_KINDS, ReaderConfig
 from recd.reader.plan import ReadPlan, build_plan
 from recd.reader.stream import iter_worker_batches
 from recd.reader.transform import build_preprocessing
+from recd.tensors.convert import FeatureSpec, convert_sparse
+from recd.tensors.preprocess import preprocess_sparse
 
 PAY_MARGIN = 0.02
 """A group is kept only if, with the other kept groups deduplicated, leaving it out costs the

@@ -15,7 +15,7 @@ These give the spec's analytic model at batch size B::
 and, next to it, the measured DedupeFactor: total ids / ids left after deduplicating exact
 duplicate rows inside each batch that the reader itself cuts (:mod:`recd.reader.stream`, one
 worker, no shuffle: batches of B rows that span row groups and partitions, the last partial
-batch kept) with the reader's own dedup (:func:`recd.jagged.find_distinct_stacked`). The
+batch kept) with the reader's own dedup (:func:`recd.tensors.jagged.find_distinct_stacked`). The
 factor is therefore exactly the one a reader of that table gets (ids in its KJT / ids in its
 IKJT).
 
@@ -63,17 +63,17 @@ from recd.analyze.costs import (
 from recd.errors import ConfigError, SchemaError
 from recd.etl.partitions import parse_time_ms
 from recd.etl.tables import committed_files
-from recd.jagged import (
-    JaggedColumn,
-    find_distinct_stacked,
-    read_list_column,
-    read_stacked_columns,
-)
 from recd.layout import layout_of
 from recd.layout_read import read_plain
 from recd.progress import progress
 from recd.reader.stream import iter_worker_batches
 from recd.schema import CATALOGUE_METADATA_KEY, SESSION_ID, TS, Catalogue, catalogue_from_schema
+from recd.tensors.jagged import (
+    JaggedColumn,
+    find_distinct_stacked,
+    read_list_column,
+    read_stacked_columns,
+)
 
 DEFAULT_BATCH_SIZE = 512
 DEFAULT_THRESHOLD = 1.5

@@ -11,7 +11,7 @@ G sequence groups, T tasks (labels).
 
 ``DenseArch``, ``InteractionArch`` and ``OverArch`` are torchrec's (``torchrec.models.dlrm``).
 The sparse side is ours because torchrec's ``SparseArch`` takes one plain KJT: ours takes the
-batch container (:class:`recd.batch.SparseFeatures`) and looks each dedup group up on its
+batch container (:class:`recd.tensors.batch.SparseFeatures`) and looks each dedup group up on its
 distinct rows only, then expands the pooled D x E output to B x E with ``index_select`` on
 ``inverse_lookup`` (see :mod:`models.packing`). A plain KJT input (every feature expanded to B
 rows) is still accepted and is the reference the IKJT path is tested against.
@@ -32,10 +32,10 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConf
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recd.batch import Batch, SparseFeatures
 from recd.errors import ConfigError
 from recd.models.packing import as_sparse_features, pack_features
 from recd.models.sequence import SequenceArch, SequenceConfig
+from recd.tensors.batch import Batch, SparseFeatures
 
 __all__ = ["DLRM", "DedupMode", "ModelConfig", "PooledSparseArch", "bce_loss"]
 
@@ -268,7 +268,7 @@ class DLRM(nn.Module):
         return self.over_arch(self.inter_arch(dense_embedded, sparse_embedded))  # B x T
 
     def forward_batch(self, batch: Batch) -> torch.Tensor:
-        """B x T logits of a :class:`recd.batch.Batch`."""
+        """B x T logits of a :class:`recd.tensors.batch.Batch`."""
         return self(batch.dense, batch.sparse)
 
     def embedding_feature_names(self) -> list[str]:

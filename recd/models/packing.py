@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recd.batch import SparseFeatures
 from recd.errors import TensorFormatError
+from recd.tensors.batch import SparseFeatures
 
 __all__ = ["DistinctRows", "PackedFeatures", "as_sparse_features", "pack_features"]
 

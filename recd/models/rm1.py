@@ -10,7 +10,7 @@ pools every sparse feature. :func:`dedup_groups` gives the reader's matching
 ``dedup_sparse_features`` (sequence groups, plus each static feature on its own).
 
 Table rows are ``min(cardinality, max_rows)``: readers must map ids into ``[0, rows)``
-(``recd.preprocess.HashModulo`` with :func:`table_sizes`).
+(``recd.tensors.preprocess.HashModulo`` with :func:`table_sizes`).
 """
 
 from __future__ import annotations

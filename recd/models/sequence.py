@@ -36,10 +36,10 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torchrec.modules.embedding_modules import EmbeddingCollection
 
-from recd.batch import SparseFeatures
 from recd.errors import ConfigError
-from recd.ikjt import lengths_to_offsets
 from recd.models.packing import pack_features
+from recd.tensors.batch import SparseFeatures
+from recd.tensors.ikjt import lengths_to_offsets
 
 __all__ = ["SequenceArch", "SequenceConfig", "SequenceEncoder"]
 
@@ -56,7 +56,7 @@ class SequenceConfig:
     """Width of each layer's feed-forward block."""
     max_seq_len: int = 32
     """Positions kept per sequence (the first ``max_seq_len`` ids; readers that want the most
-    recent ids apply ``recd.preprocess.TruncateLast`` first)."""
+    recent ids apply ``recd.tensors.preprocess.TruncateLast`` first)."""
     pooling: Literal["mean", "first"] = "mean"
     """``mean``: mean over [CLS] and the valid positions; ``first``: the [CLS] output."""
     dropout: float = 0.0

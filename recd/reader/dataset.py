@@ -26,7 +26,6 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from recd.batch import Batch
 from recd.errors import ConfigError, RecdError
 from recd.reader.config import ReaderConfig
 from recd.reader.memory import worker_init
@@ -34,6 +33,7 @@ from recd.reader.plan import ReadPlan, build_plan
 from recd.reader.stats import BatchTiming, ReaderStats
 from recd.reader.stream import iter_worker_batches
 from recd.reader.transform import BatchTransform
+from recd.tensors.batch import Batch
 
 STATE_VERSION = 1
 

@@ -17,12 +17,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from recd.errors import BadRowError, SchemaError
-from recd.jagged import SPARSE_TYPE
 from recd.layout import Layout, new_ids_column, start_column
 from recd.layout_read import stack_unit, take_rows
 from recd.reader.config import Shuffle
 from recd.reader.plan import ReadPlan, WorkUnit, locate, session_order
 from recd.schema import SESSION_ID, strict_type
+from recd.tensors.jagged import SPARSE_TYPE
 
 INT64_MAX = np.iinfo(np.int64).max
 

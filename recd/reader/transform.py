@@ -1,6 +1,6 @@
 """Rows -> tensors (feature conversion, O3) and preprocessing (O4) for one read plan.
 
-Preprocessing specs from the config become ``recd.preprocess`` modules, compiled with
+Preprocessing specs from the config become ``recd.tensors.preprocess`` modules, compiled with
 TorchScript: sparse kinds (hash_modulo, truncate_last) form one ``SparseChain`` run over the
 plain KJT and, deduplicated, over each IKJT's distinct rows (``preprocess_sparse``); dense
 kinds (log1p, clamp, normalize) run on the listed columns of the B x D dense tensor.
@@ -17,11 +17,11 @@ import pyarrow as pa
 import torch
 from torch import nn
 
-from recd.batch import Batch
-from recd.convert import FeatureSpec, convert_batch
-from recd.preprocess import Clamp, HashModulo, Log1p, Normalize, SparseChain, TruncateLast
-from recd.preprocess import preprocess_batch as apply_preprocessing
 from recd.reader.plan import ReadPlan
+from recd.tensors.batch import Batch
+from recd.tensors.convert import FeatureSpec, convert_batch
+from recd.tensors.preprocess import Clamp, HashModulo, Log1p, Normalize, SparseChain, TruncateLast
+from recd.tensors.preprocess import preprocess_batch as apply_preprocessing
 
 log = logging.getLogger(__name__)
 

@@ -183,7 +183,7 @@ from recd.train.snapshot import FillPieces, RowPatches, SnapshotFill, TableViews
 from recd.train.state import TrainState
 
 if TYPE_CHECKING:
-    from recd.batch import Batch
+    from recd.tensors.batch import Batch
     from recd.train.loop import Trainer
     from recd.train.sharding import ParamShard
 

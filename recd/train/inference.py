@@ -29,7 +29,6 @@ import pyarrow.parquet as pq
 import torch
 from tqdm import tqdm
 
-from recd.batch import Batch
 from recd.checkpoint.atomic import newest_valid_checkpoint, replacing
 from recd.checkpoint.format import ParamLayout
 from recd.errors import ConfigError, RecdError
@@ -37,6 +36,7 @@ from recd.models import DLRM
 from recd.progress import progress_bar
 from recd.reader import ReaderConfig, ResumableLoader, build_plan
 from recd.schema import RESERVED_COLUMNS, Catalogue
+from recd.tensors.batch import Batch
 from recd.train.checkpointing import read_checkpoint_flat
 from recd.train.config import TrainConfig, ordered_reader
 from recd.train.loop import build_model_config, prepare_reader

@@ -60,7 +60,6 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from recd.batch import Batch
 from recd.checkpoint.atomic import write_json_atomic
 from recd.errors import ConfigError, TrainingDivergedError
 from recd.models import DLRM, ModelConfig, bce_loss, dlrm_config, rm1_config
@@ -69,6 +68,7 @@ from recd.progress import progress_bar
 from recd.reader import ReaderConfig, ResumableLoader, build_plan
 from recd.reader.config import Shuffle
 from recd.schema import Catalogue, SparseKind
+from recd.tensors.batch import Batch
 from recd.train.config import TrainConfig
 from recd.train.history import json_safe, run_history, write_loss_plot
 from recd.train.launch import DistContext

@@ -39,7 +39,6 @@ import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recd.batch import Batch
 from recd.checkpoint import (
     checkpoint_filename,
     commit,
@@ -48,11 +47,12 @@ from recd.checkpoint import (
     temp_path_for,
     write_checkpoint,
 )
-from recd.convert import FeatureSpec, convert_batch
 from recd.models import DLRM, ModelConfig, SequenceConfig, bce_loss, dedup_groups, dlrm_config
 from recd.models.rm1 import rm1_config
 from recd.optim import AdamConfig, FlatState, ModelAdam
 from recd.schema import load_catalogue
+from recd.tensors.batch import Batch
+from recd.tensors.convert import FeatureSpec, convert_batch
 from tests.distributed.spawn import run_workers
 
 CATALOGUE = load_catalogue("tiny")
@@ -143,7 +143,7 @@ def global_rows(seed: int) -> pa.RecordBatch:
 def make_batch(rows: pa.RecordBatch, inputs: str) -> Batch:
     batch = convert_batch(rows, SPEC, source="test")
     if inputs == "kjt":
-        from recd.batch import SparseFeatures
+        from recd.tensors.batch import SparseFeatures
 
         batch = Batch(
             dense=batch.dense,

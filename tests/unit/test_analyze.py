@@ -20,8 +20,8 @@ from recd.analyze import (
 )
 from recd.cli import analyze as analyze_cli
 from recd.errors import ConfigError
-from recd.jagged import JaggedColumn
 from recd.schema import Catalogue, SparseFeature
+from recd.tensors.jagged import JaggedColumn
 
 CATALOGUE = Catalogue(
     name="analyzetest",

@@ -9,8 +9,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import recd.jagged as jagged
-from recd.convert import (
+import recd.tensors.jagged as jagged
+from recd.errors import ConfigError, SchemaError
+from recd.schema import Catalogue
+from recd.tensors.convert import (
     FeatureSpec,
     JaggedColumn,
     convert_batch,
@@ -18,9 +20,7 @@ from recd.convert import (
     find_distinct_rows,
     read_list_column,
 )
-from recd.errors import ConfigError, SchemaError
-from recd.ikjt import kjt_equal
-from recd.schema import Catalogue
+from recd.tensors.ikjt import kjt_equal
 
 IDS = pa.list_(pa.int64())
 

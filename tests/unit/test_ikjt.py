@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 
-from recd.batch import Batch, SparseFeatures
 from recd.errors import TensorFormatError
-from recd.ikjt import (
+from recd.tensors.batch import Batch, SparseFeatures
+from recd.tensors.ikjt import (
     IKJT,
     InverseKeyedJaggedTensor,
     fbgemm_jagged_index_select,

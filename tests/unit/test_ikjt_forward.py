@@ -1,6 +1,6 @@
 """The IKJT-native forward equals the plain-KJT forward: predictions, loss, gradients, steps.
 
-Batches come from ``recd.convert`` over Arrow data with real duplicates: rows of interleaved
+Batches come from ``recd.tensors.convert`` over Arrow data with real duplicates: rows of interleaved
 sessions (A-B-A order), a history that grows every other row, a synchronised cart group
 (items + sellers) and one row whose cart items equal another session's while its sellers
 differ (so the group must not merge it).
@@ -41,8 +41,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recd.batch import Batch
-from recd.convert import FeatureSpec, convert_batch
 from recd.models import (
     DLRM,
     DedupMode,
@@ -55,6 +53,8 @@ from recd.models import (
 )
 from recd.optim import AdamConfig, ModelAdam
 from recd.schema import load_catalogue
+from recd.tensors.batch import Batch
+from recd.tensors.convert import FeatureSpec, convert_batch
 
 CATALOGUE = load_catalogue("tiny")
 SPEC = FeatureSpec.from_catalogue(CATALOGUE, dedup_sparse_features=dedup_groups(CATALOGUE))

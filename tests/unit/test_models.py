@@ -12,7 +12,6 @@ from torchrec.models.dlrm import DenseArch, InteractionArch, OverArch
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recd.convert import FeatureSpec, convert_batch
 from recd.errors import ConfigError, TensorFormatError
 from recd.models import (
     DLRM,
@@ -28,6 +27,7 @@ from recd.models import (
 )
 from recd.optim import AdamConfig, ModelAdam
 from recd.schema import load_catalogue
+from recd.tensors.convert import FeatureSpec, convert_batch
 
 IDS = pa.list_(pa.int64())
 

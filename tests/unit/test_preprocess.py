@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 
-from recd.convert import FeatureSpec, convert_batch
 from recd.errors import ConfigError
-from recd.ikjt import IKJT, kjt_equal
-from recd.preprocess import (
+from recd.tensors.convert import FeatureSpec, convert_batch
+from recd.tensors.ikjt import IKJT, kjt_equal
+from recd.tensors.preprocess import (
     Clamp,
     DedupPreprocess,
     HashModulo,

@@ -12,13 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from recd.batch import Batch
 from recd.errors import BadRowError, ConfigError
 from recd.reader import ReaderConfig, ReaderStats, iter_batches, make_loader
 from recd.reader.dataset import canonical_counts, next_worker
 from recd.reader.plan import build_plan
 from recd.reader.stream import iter_worker_batches
 from recd.reader.transform import BatchTransform
+from recd.tensors.batch import Batch
 
 from .reader_tables import make_rows, write_table
 

@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 import torch
 
-import recd.convert
+import recd.tensors.convert
 from recd.analyze import analyze_table
-from recd.batch import Batch
 from recd.etl.config import EtlConfig
 from recd.etl.local import run_etl
 from recd.logs.generate import generate_logs
 from recd.logs.shard import shard_logs
 from recd.reader import ReaderConfig, build_plan, iter_batches, make_loader
 from recd.schema import load_catalogue
+from recd.tensors.batch import Batch
 
 GROUPS = [["history_items", "history_event_types"], ["item_id"], ["user_context_0"]]
 
@@ -94,7 +94,7 @@ def forbid_hashing(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("an encoded group was hashed")
 
-    monkeypatch.setattr(recd.convert, "find_distinct_stacked", refuse)
+    monkeypatch.setattr(recd.tensors.convert, "find_distinct_stacked", refuse)
 
 
 def test_the_etl_encodes_what_it_is_told_or_what_pays(tables: dict[str, Path]) -> None:

@@ -23,7 +23,7 @@ Three views of an IKJT feed the rest of the pipeline:
   (``stride_per_key_per_rank`` + ``inverse_indices``) that ``EmbeddingBagCollection`` consumes
   natively, expanding its pooled output to B rows.
 
-The batch containers (:class:`SparseFeatures`, :class:`Batch`) live in :mod:`recd.batch`.
+The batch containers (:class:`SparseFeatures`, :class:`Batch`) live in :mod:`recd.tensors.batch`.
 """
 
 from __future__ import annotations
@@ -306,7 +306,7 @@ class InverseKeyedJaggedTensor:
         distinct rows keep the order of their first occurrence.
         """
         # convert.py builds IKJTs from Arrow and imports this module: import lazily.
-        from recd.jagged import JaggedColumn, find_distinct_rows
+        from recd.tensors.jagged import JaggedColumn, find_distinct_rows
 
         if kjt.variable_stride_per_key():
             raise TensorFormatError("IKJT.from_kjt: variable-batch KJTs are not supported")

@@ -20,9 +20,9 @@ import torch
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recd.batch import Batch, SparseFeatures
 from recd.errors import ConfigError
-from recd.ikjt import InverseKeyedJaggedTensor
+from recd.tensors.batch import Batch, SparseFeatures
+from recd.tensors.ikjt import InverseKeyedJaggedTensor
 
 __all__ = [
     "Clamp",

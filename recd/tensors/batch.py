@@ -1,7 +1,7 @@
 """What a reader sends to a trainer: dense features, labels and sparse features (KJT + IKJTs).
 
 ``SparseFeatures`` holds the plain features of a batch as one torchrec ``KeyedJaggedTensor``
-and each dedup group as one :class:`~recd.ikjt.InverseKeyedJaggedTensor`. ``Batch`` adds the
+and each dedup group as one :class:`~recd.tensors.ikjt.InverseKeyedJaggedTensor`. ``Batch`` adds the
 dense features (B x D float32) and labels (B x L float32). Both move between devices, pin
 memory (so ``DataLoader(pin_memory=True)`` works) and pickle compactly for worker processes.
 """
@@ -15,7 +15,7 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recd.errors import TensorFormatError
-from recd.ikjt import (
+from recd.tensors.ikjt import (
     InverseKeyedJaggedTensor,
     compact_tensor,
     kjt_equal,

@@ -1,9 +1,9 @@
 """Feature conversion: an Arrow record batch -> dense/label tensors, a KJT and IKJTs (RecD O3).
 
 Everything is vectorised over the Arrow buffers: a ``list<int64>`` column is read zero-copy as
-its offsets (B + 1) and flat values (:mod:`recd.jagged`), and ids are copied once, into the
+its offsets (B + 1) and flat values (:mod:`recd.tensors.jagged`), and ids are copied once, into the
 output tensors. Features of a ``dedup_sparse_features`` group become one IKJT whose distinct
-rows come from :func:`recd.jagged.find_distinct_rows` (exact, A-B-A included): a row joins an
+rows come from :func:`recd.tensors.jagged.find_distinct_rows` (exact, A-B-A included): a row joins an
 entry only if every feature of its group matches, which keeps the group's shared
 ``inverse_lookup`` valid for all of its keys.
 """
@@ -18,10 +18,12 @@ import pyarrow as pa
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recd.batch import Batch, SparseFeatures
 from recd.errors import ConfigError, SchemaError
-from recd.ikjt import InverseKeyedJaggedTensor
-from recd.jagged import (
+from recd.layout_read import Stacked, changed_rows, gather, read_stacked
+from recd.schema import Catalogue
+from recd.tensors.batch import Batch, SparseFeatures
+from recd.tensors.ikjt import InverseKeyedJaggedTensor
+from recd.tensors.jagged import (
     JaggedColumn,
     RecordBatchLike,
     _column,
@@ -35,8 +37,6 @@ from recd.jagged import (
     stack_columns,
     take_rows,
 )
-from recd.layout_read import Stacked, changed_rows, gather, read_stacked
-from recd.schema import Catalogue
 
 __all__ = [
     "FeatureSpec",
