@@ -167,8 +167,12 @@ def data_files(partition_dir: Path) -> list[Path]:
     )
 
 
-def describe_partition(partition_dir: Path, partition: Partition) -> SuccessRecord:
-    """Build the ``_SUCCESS`` record of a (staged) partition from its files."""
+def describe_partition(
+    partition_dir: Path, partition: Partition, *, checksums: bool = True
+) -> SuccessRecord:
+    """Build the ``_SUCCESS`` record of a (staged) partition from its files. ``checksums=False``
+    leaves the sha256 fields empty (an Iceberg commit records no checksum: no need to read
+    every byte written again)."""
     files = []
     for path in data_files(partition_dir):
         try:
@@ -176,9 +180,15 @@ def describe_partition(partition_dir: Path, partition: Partition) -> SuccessReco
         except OSError as exc:
             raise CommitError(f"{path}: not a readable Parquet file: {exc}") from exc
         files.append(
-            FileRecord(name=path.name, rows=rows, bytes=path.stat().st_size, sha256=_sha256(path))
+            FileRecord(
+                name=path.name,
+                rows=rows,
+                bytes=path.stat().st_size,
+                sha256=_sha256(path) if checksums else "",
+            )
         )
-    checksum = hashlib.sha256("".join(f"{f.name}:{f.sha256}\n" for f in files).encode()).hexdigest()
+    listing = "".join(f"{f.name}:{f.sha256}\n" for f in files)
+    checksum = hashlib.sha256(listing.encode()).hexdigest() if checksums else ""
     return SuccessRecord(
         partition=partition.relpath, rows=sum(f.rows for f in files), files=files, checksum=checksum
     )

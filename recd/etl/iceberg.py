@@ -78,16 +78,6 @@ class TableInfo:
         return json.dumps(body, indent=1, sort_keys=True) + "\n"
 
 
-@dataclass(frozen=True, slots=True)
-class SnapshotFiles:
-    """The data files of one snapshot, grouped by hourly partition."""
-
-    snapshot_id: int | None
-    """None: the table has no snapshot yet (nothing committed)."""
-    partitions: list[tuple[Partition, list[Path]]]
-    """Partitions in order, each with its files sorted by name."""
-
-
 def is_iceberg_table(table_dir: Path) -> bool:
     """Whether ``table_dir`` holds an Iceberg-format recd table (``_iceberg/table.json``)."""
     return (table_dir / ICEBERG_DIR / TABLE_INFO_FILE).is_file()
@@ -225,9 +215,11 @@ def snapshot_files(
     snapshot_id: int | None = None,
     start_ms: int | None = None,
     end_ms: int | None = None,
-) -> SnapshotFiles:
+) -> tuple[int | None, list[tuple[Partition, list[Path]]]]:
     """The files of snapshot ``snapshot_id`` (None: the current one) whose hour starts in
-    [start_ms, end_ms). A snapshot that expired or never existed is a ConfigError."""
+    [start_ms, end_ms), as (the snapshot id read, partitions with their files sorted by name);
+    None for a table with no snapshot yet. A snapshot that expired or never existed is a
+    ConfigError."""
     table = load_table(table_dir)
     if snapshot_id is not None and table.snapshot_by_id(snapshot_id) is None:
         known = [s.snapshot_id for s in table.snapshots()]
@@ -248,7 +240,7 @@ def snapshot_files(
             continue
         by_partition.setdefault(partition, []).append(_local_path(data_file.file_path))
     partitions = [(p, sorted(by_partition[p])) for p in sorted(by_partition)]
-    return SnapshotFiles(snapshot_id=resolved, partitions=partitions)
+    return resolved, partitions
 
 
 def commit_files(

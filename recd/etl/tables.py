@@ -25,7 +25,8 @@ from recd.etl.commit import (
     commit_partitions,
     committed_partition_dirs,
     data_files,
-    write_success,
+    describe_partition,
+    fsync_file,
 )
 from recd.etl.config import TABLE_FORMATS, EtlConfig, EtlReport
 from recd.etl.iceberg import commit_files, is_iceberg_table, remove_orphans, snapshot_files
@@ -75,8 +76,10 @@ def committed_files(
     if not table_dir.is_dir():
         raise ConfigError(f"{table_dir}: table directory does not exist")
     if is_iceberg_table(table_dir):
-        view = snapshot_files(table_dir, snapshot_id=snapshot_id, start_ms=start_ms, end_ms=end_ms)
-        return CommittedFiles("iceberg", view.snapshot_id, view.partitions)
+        resolved, partitions = snapshot_files(
+            table_dir, snapshot_id=snapshot_id, start_ms=start_ms, end_ms=end_ms
+        )
+        return CommittedFiles("iceberg", resolved, partitions)
     if snapshot_id is not None:
         raise ConfigError(
             f"{table_dir}: a Hive-layout table has no snapshots (asked for {snapshot_id}); "
@@ -220,8 +223,11 @@ def commit_run(
     staged: list[tuple[Partition, Path]] = []
     for partition in partitions:
         source = partition.path(staging)
-        records.append(write_success(source, partition))  # fsyncs the files too
-        staged.extend((partition, path) for path in data_files(source))
+        files = data_files(source)
+        for path in files:
+            fsync_file(path)
+        records.append(describe_partition(source, partition, checksums=False))
+        staged.extend((partition, path) for path in files)
     snapshot_id = commit_files(
         table_dir,
         staged,
