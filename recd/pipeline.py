@@ -25,7 +25,7 @@ import os
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import tomli_w
 
@@ -107,6 +107,9 @@ class EtlStage:
     """zstd level of the Parquet column chunks."""
     memory_budget_mb: int | None = None
     """Bound on rows held in memory (MB of decoded rows); None: one shard at a time."""
+    partition_by: Literal["hour", "day"] = "hour"
+    """Partition granularity of the tables: ``hour``, or ``day`` for sparse logs (months of
+    a small log would make thousands of hours of a few dozen rows each)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -129,9 +132,10 @@ class TrainStage:
     steps: int | None = None
     """Override the training config's step count."""
     holdout_hours: int | None = None
-    """Hold out the table's last N partition hours: the training config's ``[reader] end``
-    and ``[eval] start`` become the first held-out hour (for tables whose hours are only known
-    once ingested); None: the training config's own split."""
+    """Hold out the table's last N partition hours (a day-partitioned table: N / 24 days, N a
+    multiple of 24): the training config's ``[reader] end`` and ``[eval] start`` become the
+    first held-out partition (for tables whose hours are only known once ingested); None:
+    the training config's own split."""
 
     def __post_init__(self) -> None:
         if self.holdout_hours is not None and self.holdout_hours < 1:
@@ -269,6 +273,7 @@ def run_pipeline(config: PipelineConfig, *, show_progress: bool = True) -> dict[
         "zstd_level": config.etl.zstd_level,
         "memory_budget_bytes": None if budget is None else budget * 1024 * 1024,
         "show_progress": show_progress,
+        "partition_by": config.etl.partition_by,
     }
     clustered = run_etl(
         EtlConfig(shard_dir=work / "shards" / "session", table_dir=work / "table", **etl_common)
@@ -408,17 +413,27 @@ def write_stage_train_config(
 
 
 def holdout_split(table: Path, hours: int) -> str:
-    """The first of the table's last ``hours`` partition hours (``YYYY-MM-DDTHH:00``);
-    ConfigError when the table has no more than ``hours`` hours (nothing left to train on)."""
+    """The start of the table's last ``hours`` hours of partitions (``YYYY-MM-DDTHH:00``):
+    the first of its last ``hours`` hourly partitions, or of its last ``hours / 24`` daily
+    ones. ConfigError when that leaves no partition to train on, or when a day-partitioned
+    table is asked for hours that are not whole days."""
     from recd.etl.partitions import format_time_ms, iter_partition_dirs
 
-    starts = sorted({p.start_ms for p, _ in iter_partition_dirs(table)})
-    if len(starts) <= hours:
+    partitions = [p for p, _ in iter_partition_dirs(table)]
+    unit = "hour" if not partitions else partitions[0].partition_by
+    if unit == "day" and hours % 24:
         raise ConfigError(
-            f"[train] holdout_hours = {hours}: the table {table} has {len(starts)} partition "
-            "hour(s); it needs more to leave hours to train on"
+            f"[train] holdout_hours = {hours}: the table {table} is partitioned by day; "
+            "give a multiple of 24"
         )
-    return format_time_ms(starts[-hours])
+    count = hours // 24 if unit == "day" else hours
+    starts = sorted({p.start_ms for p in partitions})
+    if len(starts) <= count:
+        raise ConfigError(
+            f"[train] holdout_hours = {hours}: the table {table} has {len(starts)} "
+            f"{unit} partition(s); it needs more than {count} to leave some to train on"
+        )
+    return format_time_ms(starts[-count])
 
 
 def train_with_sigterm_and_resume(

@@ -15,6 +15,7 @@ from recd.etl.config import (
     EtlConfig,
 )
 from recd.etl.local import run_etl
+from recd.etl.partitions import PARTITION_BY
 from recd.layout import LAYOUTS
 
 
@@ -88,6 +89,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "commits on its own (default: the table's format; iceberg for a new table)",
     )
     parser.add_argument(
+        "--partition-by",
+        choices=tuple(PARTITION_BY),
+        default=None,
+        help="partition granularity: hour (ds=D/hour=HH) or day (ds=D, for sparse logs; iceberg "
+        "tables only) (default: the table's own; hour for a new table)",
+    )
+    parser.add_argument(
         "--catalog",
         metavar="NAME",
         help="Iceberg: register a new table in this pyiceberg catalog (configured in "
@@ -141,6 +149,7 @@ def _run(args: argparse.Namespace) -> int:
         layout=args.layout,
         dedup_features=args.dedup_features,
         table_format=args.table_format,
+        partition_by=args.partition_by,
         catalog=args.catalog,
         table_identifier=args.table_identifier,
     )

@@ -11,7 +11,7 @@ from recd.cli.output import add_json_option, emit
 from recd.etl.commit import lock_table
 from recd.etl.iceberg import expire_snapshots, snapshots
 from recd.etl.migrate import migrate_to_iceberg
-from recd.etl.tables import committed_files, table_format
+from recd.etl.tables import committed_files, existing_partition_by, table_format
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -79,6 +79,7 @@ def _info(args: argparse.Namespace) -> int:
         "table": str(args.table),
         "format": view.table_format,
         "snapshot_id": view.snapshot_id,
+        "partition_by": existing_partition_by(args.table),
         "partitions": len(view.partitions),
         "files": len(view.files),
         "rows": rows,

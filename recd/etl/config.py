@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from recd.errors import ConfigError
-from recd.etl.partitions import MS_PER_HOUR, format_time_ms, parse_time_ms
+from recd.etl.partitions import MS_PER_HOUR, PARTITION_BY, format_time_ms, parse_time_ms
 from recd.layout import LAYOUTS
 from recd.schema import Catalogue
 
@@ -28,10 +28,11 @@ class EtlConfig:
     shard_dir: Path
     """Log-bus shard directory (``_catalogue.json`` + ``shard-*.zst``, see recd.logs.rawlog)."""
     table_dir: Path
-    """Table root; partitions land in ``TABLE/ds=YYYY-MM-DD/hour=HH/``."""
+    """Table root; partitions land in ``TABLE/ds=YYYY-MM-DD/hour=HH/`` (``partition_by = "day"``:
+    ``TABLE/ds=YYYY-MM-DD/``)."""
     start: str | None = None
-    """Window start (inclusive, UTC): ISO 8601 or ``YYYY-MM-DD/HH``; must be on an hour. None:
-    from the first row."""
+    """Window start (inclusive, UTC): ISO 8601 or ``YYYY-MM-DD/HH``; must be on an hour (a
+    day-partitioned table: at midnight). None: from the first row."""
     end: str | None = None
     """Window end (exclusive, UTC), same formats as ``start``. None: through the last row."""
     row_group_rows: int = 8192
@@ -83,6 +84,10 @@ class EtlConfig:
     in ``TABLE/_iceberg/``. An existing table keeps the catalog it was created in."""
     table_identifier: str | None = None
     """Iceberg: ``namespace.name`` of a new table in its catalog (default ``recd.table``)."""
+    partition_by: str | None = None
+    """Partition granularity: ``hour`` (``ds=D/hour=HH``) or ``day`` (``ds=D``; for sparse logs,
+    whose hours would hold a few dozen rows each; needs the iceberg format). None: the table's
+    own, ``hour`` for a new table."""
     workers: int | None = None
     """Threads of the local engine (pyarrow's kernels release the GIL). 1: serial. 2 or more:
     a reader thread prepares (decodes, validates, sorts) the next shard-pass while this thread
@@ -112,6 +117,8 @@ class EtlConfig:
         _check_choice("layout", self.layout, LAYOUTS)
         if self.table_format is not None:
             _check_choice("table_format", self.table_format, TABLE_FORMATS)
+        if self.partition_by is not None:
+            _check_choice("partition_by", self.partition_by, tuple(PARTITION_BY))
         if self.table_format == "hive" and (self.catalog or self.table_identifier):
             raise ConfigError("catalog and table_identifier are Iceberg options")
         if self.dedup_features is not None and self.layout != "dedup":
@@ -197,6 +204,8 @@ class EtlReport:
     """Bytes of the committed Parquet files."""
     table_format: str = "iceberg"
     """The table's format: ``iceberg`` or ``hive``."""
+    partition_by: str = "hour"
+    """The table's partition granularity: ``hour`` or ``day``."""
     snapshot_id: int | None = None
     """The Iceberg snapshot this run committed (None for a Hive-layout table)."""
     row_groups_flushed_early: int = 0
@@ -213,7 +222,7 @@ class EtlReport:
     passes_per_shard: dict[str, int] = field(default_factory=dict)
     """Shard file name -> passes it took (> 1 when the memory budget split it)."""
     rows_per_partition: dict[str, int] = field(default_factory=dict)
-    """``ds=.../hour=..`` -> rows committed there."""
+    """``ds=.../hour=..`` (or ``ds=...``) -> rows committed there."""
     encodings: dict[str, str] = field(default_factory=dict)
     """Column -> Parquet encoding chosen (``dictionary``, ``plain``, ``delta``, ...)."""
     window: dict[str, str | None] = field(default_factory=dict)
@@ -248,7 +257,7 @@ class EtlReport:
             f"peak RSS {self.peak_rss_bytes / 2**20:.0f} MiB  "
             f"({'clustered by session' if self.clustered else 'baseline arrival order'}"
             f"{', dedup layout' if self.layout == 'dedup' else ''})",
-            f"committed: {self.table_format} table"
+            f"committed: {self.table_format} table, partitioned by {self.partition_by}"
             + (f", snapshot {self.snapshot_id}" if self.snapshot_id is not None else ""),
         ]
         if self.blocks_quarantined or self.frames_quarantined:

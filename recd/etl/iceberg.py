@@ -5,7 +5,7 @@ Iceberg commit (an ``append``, or an ``overwrite`` when the run rewrites hours t
 already has). A run killed at any moment therefore leaves the table exactly as it was, and a
 reader (or a training run, which records the snapshot id it read) sees whole runs only.
 pyiceberg does the table format (metadata files, manifests, the catalog's atomic swap of the
-metadata pointer); this module only maps recd's hourly partitions and run files onto it.
+metadata pointer); this module only maps recd's hourly (or daily) partitions and run files onto it.
 
 Layout of an Iceberg-format table directory::
 
@@ -13,12 +13,15 @@ Layout of an Iceberg-format table directory::
     TABLE/_iceberg/catalog.db            the embedded catalog (SQLite), unless another is named
     TABLE/_iceberg/metadata/             Iceberg metadata: *.metadata.json, manifest lists,
                                          manifests (paths in them are absolute)
-    TABLE/ds=D/hour=HH/part-<run>-NNNNN.parquet   data files (<run>: 8 hex digits of the run id); only the files a snapshot lists
-                                         are part of it (a file not yet committed, or replaced
-                                         by a later run, sits beside the live ones)
+    TABLE/ds=D/hour=HH/part-<run>-NNNNN.parquet   data files (<run>: 8 hex digits of the run
+                                         id; a day-partitioned table: TABLE/ds=D/part-...);
+                                         only the files a snapshot lists are part of it (a file
+                                         not yet committed, or replaced by a later run, sits
+                                         beside the live ones)
 
 Table metadata records the partitioning (``hour_start_ms = truncate[3600000](ts)``: the hour
-of the log time, in ms since the epoch, which is what ``ds=D/hour=HH`` names), the sort order
+of the log time, in ms since the epoch, which is what ``ds=D/hour=HH`` names; a day-partitioned
+table: ``day_start_ms = truncate[86400000](ts)``, named by ``ds=D``), the sort order
 (``session_id, ts`` for a clustered table), recd's catalogue (property ``recd.catalogue``) and
 the table layout (``recd.layout``). Each snapshot's summary names the ETL run (``recd.run-id``).
 
@@ -43,7 +46,7 @@ import pyarrow.parquet as pq
 from recd.checkpoint.atomic import write_bytes_atomic
 from recd.errors import CommitError, ConfigError
 from recd.etl.commit import COMMIT_DELAY_ENV, fsync_dir
-from recd.etl.partitions import MS_PER_HOUR, Partition, iter_partition_dirs
+from recd.etl.partitions import PARTITION_BY, Partition, iter_partition_dirs
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -57,7 +60,8 @@ TABLE_INFO_FILE = "table.json"
 TABLE_INFO_FORMAT = "recd.iceberg/1"
 EMBEDDED_CATALOG_DB = "catalog.db"
 DEFAULT_IDENTIFIER = "recd.table"
-PARTITION_FIELD = "hour_start_ms"
+PARTITION_FIELD = "{}_start_ms"
+"""Name of the partition field; ``{}``: the granularity (``hour_start_ms``, ``day_start_ms``)."""
 RUN_ID_PROPERTY = "recd.run-id"
 CATALOGUE_PROPERTY = "recd.catalogue"
 LAYOUT_PROPERTY = "recd.layout"
@@ -138,9 +142,11 @@ def create_table(
     catalog: str | None = None,
     identifier: str | None = None,
     write_pointer: bool = True,
+    partition_by: str = "hour",
 ) -> Table:
     """Create the Iceberg table of ``table_dir`` for files of ``schema`` (no snapshot yet):
-    hourly partitioning on ``ts``, sort order ``session_id, ts`` when ``clustered``.
+    hourly (``partition_by="day"``: daily) partitioning on ``ts``, sort order
+    ``session_id, ts`` when ``clustered``.
     ``write_pointer=False`` leaves ``_iceberg/table.json`` (what makes the directory an
     Iceberg table for readers) to the caller: :func:`write_table_pointer`."""
     from pyiceberg.transforms import IdentityTransform, TruncateTransform
@@ -168,7 +174,11 @@ def create_table(
         properties=properties,
     ) as tx:
         with tx.update_spec() as spec:
-            spec.add_field("ts", TruncateTransform(MS_PER_HOUR), PARTITION_FIELD)
+            spec.add_field(
+                "ts",
+                TruncateTransform(PARTITION_BY[partition_by]),
+                PARTITION_FIELD.format(partition_by),
+            )
         if clustered:
             with tx.update_sort_order() as order:
                 order.asc("session_id", IdentityTransform())
@@ -185,9 +195,25 @@ def write_table_pointer(table_dir: Path, *, catalog: str | None, identifier: str
     write_bytes_atomic(table_dir / ICEBERG_DIR / TABLE_INFO_FILE, info.to_json().encode())
 
 
-def _partition_of(data_file: DataFile) -> Partition:
+def table_partition_by(table: Table) -> str:
+    """``hour`` or ``day``: the granularity of the table's partition spec."""
+    from pyiceberg.transforms import TruncateTransform
+
+    fields = table.spec().fields
+    if len(fields) == 1 and isinstance(fields[0].transform, TruncateTransform):
+        width = fields[0].transform.width
+        for name, unit_ms in PARTITION_BY.items():
+            if width == unit_ms:
+                return name
+    raise CommitError(
+        f"{table.location()}: partition spec {table.spec()} is not one recd writes "
+        "(truncate[3600000] or truncate[86400000] of ts)"
+    )
+
+
+def _partition_of(data_file: DataFile, partition_by: str) -> Partition:
     start_ms = int(data_file.partition[0])
-    return Partition.from_hour_id(start_ms // MS_PER_HOUR)
+    return Partition.from_unit_id(start_ms // PARTITION_BY[partition_by], partition_by)
 
 
 def _local_path(uri: str) -> Path:
@@ -232,8 +258,9 @@ def snapshot_files(
     if resolved is None and current is not None:
         resolved = current.snapshot_id
     by_partition: dict[Partition, list[Path]] = {}
+    partition_by = table_partition_by(table)
     for data_file in live_data_files(table, resolved):
-        partition = _partition_of(data_file)
+        partition = _partition_of(data_file, partition_by)
         if start_ms is not None and partition.start_ms < start_ms:
             continue
         if end_ms is not None and partition.start_ms >= end_ms:
@@ -252,6 +279,7 @@ def commit_files(
     layout: str,
     catalog: str | None = None,
     identifier: str | None = None,
+    partition_by: str = "hour",
 ) -> int:
     """Make a run's staged files visible in one Iceberg commit; returns the new snapshot id.
 
@@ -274,6 +302,12 @@ def commit_files(
             layout=layout,
             catalog=catalog,
             identifier=identifier,
+            partition_by=partition_by,
+        )
+    existing = table_partition_by(table)
+    if existing != partition_by:
+        raise CommitError(
+            f"{table_dir}: the table is partitioned by {existing}, the run by {partition_by}"
         )
     tag = run_id.rpartition(".")[2]  # the run id's random part: unique per run
     moved: list[Path] = []
@@ -301,7 +335,8 @@ def _commit(table: Table, files: list[Path], partitions: set[Partition], *, run_
     from pyiceberg.io.pyarrow import parquet_files_to_data_files
 
     new = list(parquet_files_to_data_files(table.io, table.metadata, iter(map(str, files))))
-    replaced = [f for f in live_data_files(table) if _partition_of(f) in partitions]
+    partition_by = table_partition_by(table)
+    replaced = [f for f in live_data_files(table) if _partition_of(f, partition_by) in partitions]
     with table.transaction() as tx:
         update = tx.update_snapshot(snapshot_properties={RUN_ID_PROPERTY: run_id})
         if replaced:

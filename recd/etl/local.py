@@ -1,4 +1,4 @@
-"""The embedded clustering ETL (O2): session shards -> hourly zstd Parquet partitions.
+"""The embedded clustering ETL (O2): session shards -> hourly (or daily) zstd Parquet partitions.
 
 One shard at a time (session sharding puts each session in exactly one shard, so clustering a
 shard's rows clusters them in every partition they land in), appended to one open file per
@@ -7,7 +7,8 @@ partition::
     for shard in shards:                      memory: the shard's rows, or 1/P of them
         for p in range(P):                    P = passes, from the shard's decoded size / budget
             rows = good rows of the window    (blocks streamed, validated, sessions of bucket p)
-            order = sort by (hour, session_id, ts, request_id)   (baseline: by hour, stable)
+            order = sort by (hour, session_id, ts, request_id)   (baseline: by hour, stable;
+                                               ``hour``: the partition, an hour or a day)
             pieces = each hour's rows in order (one ``take`` per partition from the contiguous
                                                rows: a take from the chunked blocks would
                                                concatenate their list columns on every call)
@@ -103,7 +104,7 @@ from recd.etl.encodings import (
     smallest_bytes,
 )
 from recd.etl.inputs import list_shards, output_order
-from recd.etl.partitions import Partition, hour_ids
+from recd.etl.partitions import Partition, unit_ids
 from recd.etl.tables import commit_and_report, prepare_table
 from recd.etl.validate import (
     BlockValidator,
@@ -231,11 +232,12 @@ def session_buckets(session_ids: np.ndarray, passes: int) -> np.ndarray:
 
 
 def take_partitions(
-    table: pa.Table, hours: np.ndarray, order: pa.Array
+    table: pa.Table, hours: np.ndarray, order: pa.Array, partition_by: str = "hour"
 ) -> list[tuple[Partition, pa.Table]]:
-    """``table``'s rows in output ``order``, one fresh table per hourly partition, by hour.
+    """``table``'s rows in output ``order``, one fresh table per partition, by partition.
 
-    ``hours``: the hour id of every row of ``table`` (N,); ``order`` sorts by hour first.
+    ``hours``: the partition unit id (``recd.etl.partitions.unit_ids`` of ``partition_by``)
+    of every row of ``table`` (N,); ``order`` sorts by it first.
     ``table`` should be contiguous (one chunk per column): a ``take`` from a chunked table
     concatenates its list columns anew on every call.
     """
@@ -246,7 +248,7 @@ def take_partitions(
     ends = np.concatenate([bounds, [len(sorted_hours)]]).tolist()
     return [
         (
-            Partition.from_hour_id(int(sorted_hours[start])),
+            Partition.from_unit_id(int(sorted_hours[start]), partition_by),
             table.take(order.slice(start, end - start)),
         )
         for start, end in zip(starts, ends, strict=True)
@@ -734,6 +736,7 @@ class LocalEtl:
         self.plan: EncodingPlan | None = None
         self.writers: PartitionWriters | None = None  # made with the plan, on the first rows
         self.manifest = read_shard_manifest(config.shard_dir)
+        self.partition_by = "hour"  # the table's granularity, resolved when the run starts
         self.read_ahead = False
         """Whether a reader thread prepares the next pass while this one writes (decided by
         :meth:`_plan_jobs`); else extra workers decode a shard's blocks in parallel."""
@@ -751,7 +754,8 @@ class LocalEtl:
             )
         jobs = self._plan_jobs(shards)
         with lock_table(self.config.table_dir):
-            table_format = prepare_table(self.config)
+            target = prepare_table(self.config)
+            self.partition_by = target.partition_by
             try:
                 self._run_jobs(jobs)
                 if self.writers is not None:  # every file complete before anything is committed
@@ -771,7 +775,7 @@ class LocalEtl:
                 self.staging,
                 rows_per_partition,
                 self.report,
-                table_format=table_format,
+                target=target,
             )
         report = self.report
         report.row_groups_flushed_early = 0 if self.writers is None else self.writers.early_flushes
@@ -866,10 +870,10 @@ class LocalEtl:
         prepared = PreparedPass(job=job)
         table = self._read_pass(job, bar, prepared)
         if table.num_rows:
-            hours = hour_ids(table.column(TS))
+            hours = unit_ids(table.column(TS), self.partition_by)
             order = output_order(table, hours, clustered=not self.config.baseline)
             table = table.combine_chunks()  # blocks -> one chunk; the blocks are freed
-            prepared.pieces = take_partitions(table, hours, order)
+            prepared.pieces = take_partitions(table, hours, order, self.partition_by)
         return prepared
 
     def _read_pass(self, job: PassJob, bar: Any, counts: PreparedPass) -> pa.Table:

@@ -8,7 +8,8 @@ spread over a Spark cluster::
     stage 1   source "recd_shards": one task per unit decodes its zstd frames (Arrow IPC) and
               validates them with recd.etl.validate (the same checks, messages and quarantine
               as the local engine); yields Arrow record batches + ``_hour`` = ts // 1 h (UTC
-              by construction: integer ms since the epoch, no time zone involved)
+              by construction: integer ms since the epoch, no time zone involved; a
+              day-partitioned table: ts // 1 day, so "hour" below reads "day")
     shuffle   repartition(N, session_id)            (Spark's murmur3 hash of session_id;
               sortWithinPartitions(_hour, session_id,  N sized for target_file_bytes, below)
                                    ts, request_id)
@@ -150,7 +151,7 @@ from recd.etl.encodings import (
     smallest_bytes,
 )
 from recd.etl.inputs import CLUSTER_KEYS, list_shards, output_order
-from recd.etl.partitions import MS_PER_HOUR, Partition, hour_ids, parse_partition_dir
+from recd.etl.partitions import PARTITION_BY, Partition, parse_partition_relpath, unit_ids
 from recd.etl.tables import commit_and_report, prepare_table
 from recd.etl.validate import (
     FRAME_HEADER_BYTES,
@@ -348,6 +349,8 @@ class SparkJob:
     """Features written in the dedup layout (recd.layout), each row group encoded alone."""
     fail_once_dir: str | None = None
     """Test hook (FAIL_ONCE_ENV); None in normal runs."""
+    partition_by: str = "hour"
+    """The table's partition granularity (``hour`` or ``day``)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -425,7 +428,9 @@ def read_unit(job: SparkJob, unit: Unit) -> Iterator[pa.RecordBatch]:
             rows = result.rows
             if rows is None or rows.num_rows == 0:
                 continue
-            yield with_order_keys(rows, seq=seq if job.baseline else None)
+            yield with_order_keys(
+                rows, seq=seq if job.baseline else None, partition_by=job.partition_by
+            )
             seq += rows.num_rows
     except RecdError as exc:
         _record_error(job.errors_dir / f"{unit.name}.json", exc)
@@ -440,9 +445,11 @@ def read_unit(job: SparkJob, unit: Unit) -> Iterator[pa.RecordBatch]:
     _rename_once(attempt, job.units_dir / unit.name)
 
 
-def with_order_keys(rows: pa.RecordBatch, *, seq: int | None) -> pa.RecordBatch:
-    """Append ``_hour`` (hours since the epoch, UTC) and, for baseline, ``_seq``."""
-    columns = [*rows.columns, pa.array(hour_ids(rows.column(TS)))]
+def with_order_keys(
+    rows: pa.RecordBatch, *, seq: int | None, partition_by: str = "hour"
+) -> pa.RecordBatch:
+    """Append ``_hour`` (hours, or days, since the epoch, UTC) and, for baseline, ``_seq``."""
+    columns = [*rows.columns, pa.array(unit_ids(rows.column(TS), partition_by))]
     names = [*rows.schema.names, HOUR_COLUMN]
     if seq is not None:
         columns.append(pa.array(np.arange(seq, seq + rows.num_rows, dtype=np.int64)))
@@ -619,7 +626,7 @@ def write_sorted_rows(
             for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
                 hour = int(hours[start])
                 rows = pa.Table.from_batches([batch.slice(start, end - start)])
-                if current is None or current.partition.hour_id != hour:
+                if current is None or current.partition.unit_id != hour:
                     if current is not None:
                         files.append(current.finish())
                         current = None
@@ -628,7 +635,8 @@ def write_sorted_rows(
                     assert hour not in done_hours, f"task {task}: rows not sorted by hour"
                     done_hours.add(hour)
                     name = f"part-{task:05d}.parquet"
-                    current = HourFileWriter(job, schema, Partition.from_hour_id(hour), name)
+                    partition = Partition.from_unit_id(hour, job.partition_by)
+                    current = HourFileWriter(job, schema, partition, name)
                 current.write(rows)
         if current is not None:
             files.append(current.finish())
@@ -750,6 +758,7 @@ class SparkEtl:
         self.staging = staging_dir(self.table_dir, self.run_id)
         self.output_partitions = output_partitions
         self.unit_bytes = unit_bytes
+        self.partition_by = "hour"  # the table's granularity, resolved when the run starts
         self.parquet_fraction = 1.0
         """File bytes per decoded byte, measured on the encoding sample (1.0 until then)."""
         self.candidates = config.dedup_candidates(self.catalogue)
@@ -765,7 +774,8 @@ class SparkEtl:
     def run(self, spark: SparkSession) -> EtlReport:
         shards = list_shards(self.config.shard_dir)
         with lock_table(self.table_dir):
-            table_format = prepare_table(self.config)
+            target = prepare_table(self.config)
+            self.partition_by = target.partition_by
             try:
                 self.staging.mkdir(parents=True)
                 units = plan_units(
@@ -783,12 +793,10 @@ class SparkEtl:
             report.passes_per_shard = {shard.name: 1 for shard in shards}
             rows_per_partition: dict[Partition, int] = {}
             for relpath, _, rows in staged:
-                partition = parse_partition_dir(*relpath.split("/"))
+                partition = parse_partition_relpath(relpath)
                 assert partition is not None, relpath
                 rows_per_partition[partition] = rows_per_partition.get(partition, 0) + rows
-            commit_and_report(
-                self.config, self.staging, rows_per_partition, report, table_format=table_format
-            )
+            commit_and_report(self.config, self.staging, rows_per_partition, report, target=target)
         report.peak_rss_bytes = peak_rss_bytes()
         return report
 
@@ -809,6 +817,7 @@ class SparkEtl:
             writer_options={} if plan is None else {**plan.writer_options(), **self._statistics()},
             encoded=list(self.encoded),
             fail_once_dir=os.environ.get(FAIL_ONCE_ENV) or None,
+            partition_by=self.partition_by,
         )
 
     def _plan_encodings(self, units: list[Unit]) -> EncodingPlan | None:
@@ -843,7 +852,9 @@ class SparkEtl:
         if not batches:
             return None  # no good rows anywhere: nothing will be written
         table = pa.Table.from_batches(batches)
-        order = output_order(table, hour_ids(table.column(TS)), clustered=not self.config.baseline)
+        order = output_order(
+            table, unit_ids(table.column(TS), self.partition_by), clustered=not self.config.baseline
+        )
         budget = self.config.memory_budget_bytes
         sample = table.take(order.slice(0, SAMPLE_ROWS))
         decoded_bytes = sample.nbytes
@@ -901,23 +912,25 @@ class SparkEtl:
         return partitions
 
     def _estimate_hours(self, units: list[Unit]) -> int:
-        """Hours the table spans: the window's, else the first shard's first to last frame."""
+        """Partitions (hours or days) the table spans: the window's, else the first shard's
+        first to last frame."""
         start_ms, end_ms = self.config.start_ms, self.config.end_ms
+        unit_ms = PARTITION_BY[self.partition_by]
         if start_ms is not None and end_ms is not None:
-            return max(1, (end_ms - start_ms) // MS_PER_HOUR)
+            return max(1, (end_ms - start_ms) // unit_ms)
         if not units:
             return 1
         shard_units = [u for u in units if u.path == units[0].path]
-        first = _frame_hours(self.catalogue, next(iter_unit_frames(shard_units[0]), None))
+        first = _frame_span_ms(self.catalogue, next(iter_unit_frames(shard_units[0]), None))
         last_frame = deque(iter_unit_frames(shard_units[-1]), maxlen=1)
-        last = _frame_hours(self.catalogue, last_frame[0] if last_frame else None)
+        last = _frame_span_ms(self.catalogue, last_frame[0] if last_frame else None)
         if first is None or last is None:
             return 1
-        low, high = first[0], last[1]
+        low, high = first[0] // unit_ms, last[1] // unit_ms
         if start_ms is not None:
-            low = max(low, start_ms // MS_PER_HOUR)
+            low = max(low, start_ms // unit_ms)
         if end_ms is not None:
-            high = min(high, end_ms // MS_PER_HOUR - 1)
+            high = min(high, end_ms // unit_ms - 1)
         return max(1, high - low + 1)
 
     def _run_job(self, spark: SparkSession, job: SparkJob, *, partitions: int) -> None:
@@ -1002,8 +1015,8 @@ def default_output_partitions(
     return max(1, math.ceil(file_bytes / target_file_bytes))
 
 
-def _frame_hours(catalogue: Catalogue, frame: Frame | None) -> tuple[int, int] | None:
-    """(first, last) hour id of the valid rows of one shard frame, or None if it has none."""
+def _frame_span_ms(catalogue: Catalogue, frame: Frame | None) -> tuple[int, int] | None:
+    """(first, last) ts of the valid rows of one shard frame, or None if it has none."""
     if frame is None:
         return None
     validator = BlockValidator(catalogue=catalogue, start_ms=None, end_ms=None)
@@ -1015,8 +1028,8 @@ def _frame_hours(catalogue: Catalogue, frame: Frame | None) -> tuple[int, int] |
         return None
     if result.rows is None or result.rows.num_rows == 0:
         return None
-    hours = hour_ids(result.rows.column(TS))
-    return int(hours.min()), int(hours.max())
+    ts = result.rows.column(TS).to_numpy(zero_copy_only=False)
+    return int(ts.min()), int(ts.max())
 
 
 def _last_line(text: str, marker: str) -> str:

@@ -1,4 +1,4 @@
-"""What a reader may read of a table: its committed files, by hourly partition, in order.
+"""What a reader may read of a table: its committed files, by partition, in order.
 
 Two table formats exist (see docs/tables.md): **iceberg** (the default for new tables; one
 snapshot per ETL run, recd.etl.iceberg) and **hive** (a directory per hour holding
@@ -29,8 +29,15 @@ from recd.etl.commit import (
     fsync_file,
 )
 from recd.etl.config import TABLE_FORMATS, EtlConfig, EtlReport
-from recd.etl.iceberg import commit_files, is_iceberg_table, remove_orphans, snapshot_files
-from recd.etl.partitions import Partition, iter_partition_dirs
+from recd.etl.iceberg import (
+    commit_files,
+    is_iceberg_table,
+    load_table,
+    remove_orphans,
+    snapshot_files,
+    table_partition_by,
+)
+from recd.etl.partitions import PARTITION_BY, Partition, format_time_ms, iter_partition_dirs
 
 log = logging.getLogger(__name__)
 
@@ -92,18 +99,67 @@ def committed_files(
     return CommittedFiles("hive", None, partitions)
 
 
-def prepare_table(config: EtlConfig) -> str:
+@dataclass(frozen=True, slots=True)
+class TableTarget:
+    """What an ETL run writes: the table's format and partition granularity."""
+
+    table_format: str
+    """``iceberg`` or ``hive``."""
+    partition_by: str
+    """``hour`` or ``day``."""
+
+
+def prepare_table(config: EtlConfig) -> TableTarget:
     """At the start of a run, under the table's lock: remove what killed runs left (staging
     directories, trashed Hive partitions, Iceberg files moved in but never committed) and
-    return the format the run writes (:func:`resolve_table_format`)."""
+    return the format (:func:`resolve_table_format`) and granularity
+    (:func:`resolve_partition_by`) the run writes."""
     table_dir = config.table_dir
     table_format = resolve_table_format(table_dir, config.table_format)
+    partition_by = resolve_partition_by(config, table_format)
     stale = clean_stale(table_dir)
     if table_format == "iceberg":
         stale += remove_orphans(table_dir)
     if stale:
         log.info("cleaned %d leftovers of killed runs in %s", len(stale), table_dir)
-    return table_format
+    return TableTarget(table_format, partition_by)
+
+
+def existing_partition_by(table_dir: Path) -> str | None:
+    """``hour`` or ``day`` for a table that has partitions (an Iceberg table: its spec),
+    None for a new one."""
+    if is_iceberg_table(table_dir):
+        return table_partition_by(load_table(table_dir))
+    found = iter_partition_dirs(table_dir) if table_dir.is_dir() else []
+    return found[0][0].partition_by if found else None
+
+
+def resolve_partition_by(config: EtlConfig, table_format: str) -> str:
+    """The granularity a run writes: the table's own if it has one (``config.partition_by``
+    must agree), else ``config.partition_by`` or ``hour``. Day partitions need the Iceberg
+    format, and a day-partitioned run's window must start and end at midnight (UTC)."""
+    existing = existing_partition_by(config.table_dir)
+    requested = config.partition_by
+    if existing is not None and requested is not None and requested != existing:
+        raise ConfigError(
+            f"{config.table_dir}: the table is partitioned by {existing}, not {requested} "
+            "(write another table to change it)"
+        )
+    partition_by = existing or requested or "hour"
+    if partition_by == "day" and table_format != "iceberg":
+        raise ConfigError(
+            f"{config.table_dir}: day partitions need the iceberg table format "
+            f"(this table is {table_format})"
+        )
+    unit_ms = PARTITION_BY[partition_by]
+    for name, ms in (("start", config.start_ms), ("end", config.end_ms)):
+        if ms is not None and ms % unit_ms:
+            raise ConfigError(
+                f"{name} must be on a whole {partition_by} (the table is partitioned by "
+                f"{partition_by}; a partial {partition_by} would replace a partition with part "
+                f"of its rows), got {format_time_ms(ms)}"
+            )
+    return partition_by
 
 
 def resolve_table_format(table_dir: Path, requested: str | None) -> str:
@@ -197,7 +253,7 @@ def commit_run(
     partitions: Iterable[Partition],
     *,
     run_id: str,
-    table_format: str,
+    target: TableTarget,
 ) -> RunCommit:
     """Commit the partitions a run staged under ``staging`` (see :func:`resolve_table_format`)
     once its schema has been checked: one Iceberg snapshot, or Hive partition swaps. The
@@ -216,7 +272,7 @@ def commit_run(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)  # the run's files: refused, never visible
         raise
-    if table_format == "hive":
+    if target.table_format == "hive":
         records = commit_partitions(table_dir, staging, partitions, run_id=run_id)
         return RunCommit(records, None)
     records = []
@@ -236,6 +292,7 @@ def commit_run(
         layout=config.layout,
         catalog=config.catalog,
         identifier=config.table_identifier,
+        partition_by=target.partition_by,
     )
     shutil.rmtree(staging, ignore_errors=True)
     return RunCommit(records, snapshot_id)
@@ -247,21 +304,20 @@ def commit_and_report(
     rows_per_partition: dict[Partition, int],
     report: EtlReport,
     *,
-    table_format: str,
+    target: TableTarget,
 ) -> RunCommit:
     """The end of an ETL run (either engine), under the table's lock: check that every row
     is accounted for, commit (:func:`commit_run`) and fill the report's output figures."""
     report.rows_out = sum(rows_per_partition.values())
     report.rows_per_partition = {p.relpath: n for p, n in sorted(rows_per_partition.items())}
     report.check_row_accounting()
-    committed = commit_run(
-        config, staging, rows_per_partition, run_id=report.run_id, table_format=table_format
-    )
+    committed = commit_run(config, staging, rows_per_partition, run_id=report.run_id, target=target)
     records = committed.records
     assert sum(r.rows for r in records) == report.rows_out, "committed rows differ"
     report.partitions = len(records)
     report.files = sum(len(r.files) for r in records)
     report.bytes_out = sum(f.bytes for r in records for f in r.files)
-    report.table_format = table_format
+    report.table_format = target.table_format
+    report.partition_by = target.partition_by
     report.snapshot_id = committed.snapshot_id
     return committed

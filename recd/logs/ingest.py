@@ -35,7 +35,9 @@ Event types map to ids 1..V (0 is never used) by sorted name; pass ``event_vocab
 the ``event_vocabulary`` of an earlier run's ``_ingest.json``) to keep ids stable across files;
 new names get the next ids. ``OUT/_ingest.json`` records the vocabulary, the label definition,
 the mapping, the resolved timestamp unit and session-id mode, warnings and the counts. A label
-with one value on every sample is logged as a warning (one line, naming it and the value).
+with one value on every sample is logged as a warning (one line, naming it and the value); so
+is a log of fewer than ``SPARSE_SAMPLES_PER_HOUR`` samples per hour over more than two days
+(hourly partitions would be tiny: partition the table by day, ``recd etl --partition-by day``).
 
 Bad input rows (a CSV line with the wrong number of fields or an unmatched quote, invalid JSON
 or not an object, a missing session id / timestamp / item id / event type, a timestamp, id or
@@ -170,6 +172,7 @@ ROW_BYTES = 512  # planning figure of one sample's bytes (with a history of ~20)
 LINE_CAP_LINES = 64  # a "line" of 64 line limits with no line break: not a text file
 MAX_LINE_BYTES = 1 << 20  # default bound on one input line (and so on any value in it)
 QUOTE_CHARS = 40  # characters of an input value quoted in a message
+SPARSE_SAMPLES_PER_HOUR = 1000  # below this (over > 2 days), ingest suggests day partitions
 _SUFFIX_FORMATS = {
     ".csv": "csv",
     ".jsonl": "jsonl",
@@ -445,7 +448,7 @@ def ingest_events(
         vocabulary = _event_vocabulary(done.event_names, event_vocabulary)
         lookup = np.array([0, *(vocabulary.get(name, 0) for name in provisional)], dtype=np.int64)
         catalogue = build_catalogue(stats, mapping, event_types=max(vocabulary.values(), default=0))
-        warnings = _constant_label_warnings(stats, mapping)
+        warnings = _constant_label_warnings(stats, mapping) + _partition_hint(stats)
         with replace_dir_atomically(out_dir) as tmp:
             with rawlog.RawLogWriter(tmp, catalogue) as writer:
                 for batch in done.batches():
@@ -546,6 +549,22 @@ def _why_no_events(read: _ReadResult, bad: list[_BadLine], fmt: str, stats: Samp
     if stats.history_only:
         return f"all {stats.history_only:,} events have no item (history only)"
     return "only a header line" if fmt == "csv" else "only blank lines"
+
+
+def _partition_hint(stats: SampleStats) -> list[str]:
+    """One line when the samples are too sparse in time for hourly partitions (fewer than
+    ``SPARSE_SAMPLES_PER_HOUR`` per hour over more than two days): day partitions then."""
+    if stats.samples == 0 or stats.ts_min is None or stats.ts_max is None:
+        return []
+    hours = (stats.ts_max - stats.ts_min) // 3_600_000 + 1
+    per_hour = stats.samples / hours
+    if hours <= 48 or per_hour >= SPARSE_SAMPLES_PER_HOUR:
+        return []
+    return [
+        f"{stats.samples:,} samples over {hours:,} hours ({per_hour:,.0f} per hour): hourly "
+        "partitions would be small; partition the table by day (recd etl --partition-by day, "
+        'or [etl] partition_by = "day" in a recd run pipeline)'
+    ]
 
 
 def _constant_label_warnings(stats: SampleStats, mapping: IngestMapping) -> list[str]:

@@ -229,6 +229,30 @@ def test_clustered_table_matches_the_local_engine(
     assert not [p.name for p in table.iterdir() if p.name.startswith(("_tmp", "_trash"))]
 
 
+def test_day_partitions_match_the_local_engine(
+    spark: SparkSession, shards: Path, tmp_path: Path
+) -> None:
+    local = run_etl(config(shards, tmp_path / "local", row_group_rows=50, partition_by="day"))
+    report = run_spark_etl(
+        config(shards, tmp_path / "spark", row_group_rows=50, partition_by="day"),
+        spark=spark,
+        unit_bytes=UNIT_BYTES,
+        output_partitions=2,
+    )
+    assert report.partition_by == local.partition_by == "day"
+    assert report.rows_per_partition == local.rows_per_partition
+    assert all(relpath.count("/") == 0 for relpath in report.rows_per_partition)
+    assert all_rows(tmp_path / "spark").equals(all_rows(tmp_path / "local"))
+    for partition, files in committed_files(tmp_path / "spark").partitions:
+        assert partition.hour is None and len(files) == 2
+        for path in files:
+            assert path.parent == tmp_path / "spark" / partition.relpath
+            rows = pq.read_table(path)
+            assert is_clustered(rows), path
+            days = np.unique(rows.column(TS).to_numpy() // (24 * MS_PER_HOUR))
+            assert [Partition.from_unit_id(int(d), "day") for d in days] == [partition]
+
+
 def plain_rows(table_dir: Path) -> pa.Table:
     """Every committed row of a table of either layout, decoded to the plain form."""
     tables = [read_plain(str(path)) for _, path, _ in read_committed(table_dir, decode=False)]

@@ -20,6 +20,7 @@ from recd.etl.iceberg import load_table, snapshots
 from recd.etl.local import run_etl
 from recd.etl.migrate import migrate_to_iceberg
 from recd.etl.tables import committed_files, table_format
+from recd.pipeline import holdout_split
 from recd.reader.config import ReaderConfig
 from recd.reader.dataset import ResumableLoader
 from recd.reader.plan import build_plan
@@ -240,3 +241,69 @@ def test_parquet_files_are_unchanged_by_the_commit(tmp_path: Path, shard_dir: Pa
     hive = committed_files(tmp_path / "hive").files
     assert [p.read_bytes() for p in ice] == [p.read_bytes() for p in hive]
     assert pq.read_metadata(ice[0]).num_rows > 0
+
+
+def test_day_partitions_one_directory_per_day_read_back_whole(
+    tmp_path: Path, tiny_catalogue: Catalogue
+) -> None:
+    """A sparse log spread over three days: one partition per day, ``ds=D`` with no hour
+    level, the Iceberg spec truncates ts to days, every row reads back, windows select days."""
+    day = 24 * MS_PER_HOUR
+    rows = make_rows(tiny_catalogue, num_sessions=60, duration_ms=3 * day - MS_PER_HOUR, seed=5)
+    write_shards(tmp_path / "shards", tiny_catalogue, rows, num_shards=2, block_rows=32)
+    table = tmp_path / "table"
+    report = etl(tmp_path / "shards", table, partition_by="day")
+    assert report.partition_by == "day" and report.partitions == 3
+    assert sorted(report.rows_per_partition) == [
+        "ds=2026-11-01",
+        "ds=2026-11-02",
+        "ds=2026-11-03",
+    ]
+    assert not list(table.glob("ds=*/hour=*"))
+    assert sorted(p.parent.name for p in committed_files(table).files) == sorted(
+        {p.parent.name for p in table.glob("ds=*/part-*.parquet")}
+    )
+    iceberg = load_table(table)
+    assert str(iceberg.spec().fields[0].transform) == f"truncate[{day}]"
+    assert iceberg.spec().fields[0].name == "day_start_ms"
+    assert all_rows(table).equals(rows.sort_by(REQUEST_ID))
+    # Each day's files hold exactly that day's rows, clustered by session.
+    for partition, files in committed_files(table).partitions:
+        got = pa.concat_tables(pq.read_table(f) for f in files)
+        ts = got.column("ts").to_numpy()
+        assert ((ts >= partition.start_ms) & (ts < partition.end_ms)).all()
+    # A run over one day replaces that day only; the reader's windows select days.
+    again = etl(tmp_path / "shards", table, start="2026-11-02", end="2026-11-03")
+    assert again.partition_by == "day" and list(again.rows_per_partition) == ["ds=2026-11-02"]
+    assert all_rows(table).equals(rows.sort_by(REQUEST_ID))
+    window = committed_files(table, start_ms=START_MS + day, end_ms=START_MS + 2 * day)
+    assert [str(p) for p, _ in window.partitions] == ["ds=2026-11-02"]
+    plan = build_plan(ReaderConfig(table=str(table), batch_size=64, start="2026-11-03"))
+    assert sum(u.num_rows for u in plan.units) == report.rows_per_partition["ds=2026-11-03"]
+    proc = recd("table", "info", str(table), "--json")
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert info["partition_by"] == "day" and info["partitions"] == 3
+    # recd run's [train] holdout_hours holds out whole days of a day-partitioned table.
+    assert holdout_split(table, 24) == "2026-11-03T00:00:00Z"
+    assert holdout_split(table, 48) == "2026-11-02T00:00:00Z"
+    with pytest.raises(ConfigError, match="partitioned by day; give a multiple of 24"):
+        holdout_split(table, 5)
+    with pytest.raises(ConfigError, match="has 3 day partition"):
+        holdout_split(table, 72)
+
+
+def test_day_partitions_refused_where_they_cannot_hold(tmp_path: Path, shard_dir: Path) -> None:
+    etl(shard_dir, tmp_path / "hourly")
+    with pytest.raises(ConfigError, match="partitioned by hour, not day"):
+        etl(shard_dir, tmp_path / "hourly", partition_by="day")
+    with pytest.raises(ConfigError, match="day partitions need the iceberg table format"):
+        etl(shard_dir, tmp_path / "hive", partition_by="day", table_format="hive")
+    with pytest.raises(ConfigError, match="must be on a whole day"):
+        etl(shard_dir, tmp_path / "daily", partition_by="day", start="2026-11-01/03")
+    assert not (tmp_path / "daily").exists() or not committed_files(tmp_path / "daily").files
+    with pytest.raises(ConfigError, match="partition_by must be one of hour, day"):
+        etl(shard_dir, tmp_path / "weekly", partition_by="week")
+    proc = recd("etl", str(shard_dir), "--table", str(tmp_path / "hourly"), "--partition-by", "day")
+    assert proc.returncode == 2
+    assert "partitioned by hour, not day" in proc.stderr.strip().splitlines()[-1]

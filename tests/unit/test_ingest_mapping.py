@@ -296,3 +296,29 @@ def test_bad_mapping_exits_2_with_one_line(
     assert err.count("\n") == 1 and message in err, err
     assert str(mapping) in err or "mapping." in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_log_sparse_in_time_gets_one_line_suggesting_day_partitions(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Months of a small log (MovieLens-like) would make thousands of tiny hourly
+    partitions: ingest says so once and names the day granularity; a dense hour does not."""
+    rng = np.random.default_rng(3)
+    n = 2000
+    ts = np.sort(rng.integers(0, 90 * 86_400, size=n)) + 1_700_000_000  # 90 days, seconds
+    src = tmp_path / "ratings.csv"
+    lines = ["user,ts,movie,kind"]
+    lines += [f"{i % 97},{t},{i % 500},{'view' if i % 3 else 'cart'}" for i, t in enumerate(ts)]
+    src.write_text("\n".join(lines) + "\n")
+    mapping = IngestMapping(session="user", ts="ts", ts_unit="s", item="movie", event="kind")
+    with caplog.at_level(logging.WARNING, logger="recd.logs.ingest"):
+        report = ingest_events(src, tmp_path / "out", mapping=mapping, show_progress=False)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings == report.warnings
+    assert warnings[0].startswith("2,000 samples over 2,1")
+    assert "--partition-by day" in warnings[0] and "\n" not in warnings[0]
+    caplog.clear()
+    src.write_text(CSV)
+    with caplog.at_level(logging.WARNING, logger="recd.logs.ingest"):
+        ingest_events(src, tmp_path / "out2", mapping=MAPPING, show_progress=False)
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
