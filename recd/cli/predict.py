@@ -36,6 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="score the config's [eval] range (its start / end) instead of --start / --end",
     )
+    parser.add_argument(
+        "--table",
+        help="score this table (the training table's columns) instead of [reader] table",
+    )
     parser.add_argument("--batch-size", type=int, help="rows per batch (default: [reader])")
     parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     add_json_option(parser, "the report")
@@ -49,14 +53,17 @@ def run_predict(args: argparse.Namespace) -> int:
     from recd.train.inference import predict_table
 
     config = load_train_config(args.config)
-    start, end = args.start, args.end
+    start, end, table = args.start, args.end, args.table
     if args.eval_range:
         if config.eval is None:
             raise ConfigError(f"--eval-range: {args.config} has no [eval] section")
         if start is not None or end is not None:
             raise ConfigError("--eval-range: give either it or --start / --end, not both")
+        if table is not None:
+            raise ConfigError("--eval-range: give either it or --table, not both")
         eval_reader = config.eval_reader()
         start, end = eval_reader.start, eval_reader.end
+        table = config.eval.table
     if args.batch_size is not None and args.batch_size < 1:
         raise ConfigError(f"--batch-size: expected an integer >= 1, got {args.batch_size}")
     report = predict_table(
@@ -68,6 +75,7 @@ def run_predict(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         overwrite=args.overwrite,
         show_progress=progress_enabled(),
+        table=table,
     )
     loss = "n/a" if report.loss is None else f"{report.loss:.4f}"
     doc = {

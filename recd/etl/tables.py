@@ -2,8 +2,12 @@
 
 Two table formats exist (see docs/tables.md): **iceberg** (the default for new tables; one
 snapshot per ETL run, recd.etl.iceberg) and **hive** (a directory per hour holding
-``_SUCCESS``; each partition commits on its own, recd.etl.commit). Readers, ``recd analyze``
-and the benchmarks ask here and never look at the directories themselves.
+``_SUCCESS``; each partition commits on its own, recd.etl.commit). Readers also take a
+**parquet** table: a directory of Parquet files written by another tool (pandas, Spark,
+DuckDB), read as it is (every ``*.parquet`` file under it whose path has no hidden ``_``/``.``
+part; files under ``ds=D/hour=HH`` or ``ds=D`` directories belong to that partition, others
+to none). recd never writes one. Readers, ``recd analyze`` and the benchmarks ask here and
+never look at the directories themselves.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import logging
 import shutil
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -37,7 +41,13 @@ from recd.etl.iceberg import (
     snapshot_files,
     table_partition_by,
 )
-from recd.etl.partitions import PARTITION_BY, Partition, format_time_ms, iter_partition_dirs
+from recd.etl.partitions import (
+    PARTITION_BY,
+    Partition,
+    format_time_ms,
+    iter_partition_dirs,
+    parse_partition_relpath,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,25 +57,68 @@ class CommittedFiles:
     """A table's committed data files, grouped by partition (in partition order)."""
 
     table_format: str
-    """``iceberg`` or ``hive``."""
+    """``iceberg``, ``hive`` or ``parquet`` (files written by another tool)."""
     snapshot_id: int | None
-    """Iceberg: the snapshot read (None: nothing committed yet). Hive: always None."""
+    """Iceberg: the snapshot read (None: nothing committed yet). Others: always None."""
     partitions: list[tuple[Partition, list[Path]]]
     """Each partition with its data files, sorted by name."""
+    unpartitioned: list[Path] = field(default_factory=list)
+    """A ``parquet`` table's files outside partition directories, sorted by path."""
 
     @property
     def files(self) -> list[Path]:
-        return [path for _, paths in self.partitions for path in paths]
+        return [path for _, paths in self.partitions for path in paths] + self.unpartitioned
 
 
 def table_format(table_dir: Path) -> str | None:
-    """``iceberg``, ``hive`` (a committed hourly partition and no Iceberg metadata), or None
-    for a directory holding neither (a new table)."""
+    """``iceberg``, ``hive`` (a committed hourly partition and no Iceberg metadata),
+    ``parquet`` (Parquet files and neither), or None for a directory holding none of these
+    (a new table)."""
     if is_iceberg_table(table_dir):
         return "iceberg"
     if any((path / SUCCESS_FILE).is_file() for _, path in iter_partition_dirs(table_dir)):
         return "hive"
+    if plain_parquet_files(table_dir):
+        return "parquet"
     return None
+
+
+def plain_parquet_files(table_dir: Path) -> list[Path]:
+    """Every ``*.parquet`` file under ``table_dir`` whose path (relative to it) has no part
+    starting with ``_`` or ``.`` (what Hive-style readers skip), sorted by path."""
+    if not table_dir.is_dir():
+        return []
+    return sorted(
+        path
+        for path in table_dir.rglob("*.parquet")
+        if path.is_file()
+        and not any(part.startswith(("_", ".")) for part in path.relative_to(table_dir).parts)
+    )
+
+
+def _parquet_table(table_dir: Path, start_ms: int | None, end_ms: int | None) -> CommittedFiles:
+    by_partition: dict[Partition, list[Path]] = {}
+    loose: list[Path] = []
+    for path in plain_parquet_files(table_dir):
+        relpath = path.parent.relative_to(table_dir).as_posix()
+        partition = parse_partition_relpath(relpath) if relpath != "." else None
+        if partition is None:
+            loose.append(path)
+        else:
+            by_partition.setdefault(partition, []).append(path)
+    if loose and (start_ms is not None or end_ms is not None):
+        raise ConfigError(
+            f"{table_dir}: {len(loose)} Parquet file(s) are not in ds=YYYY-MM-DD[/hour=HH] "
+            f"directories (e.g. {loose[0]}), so a time window (start / end) cannot select "
+            "them: read the whole table, or give the held-out rows their own table "
+            "([eval] table)"
+        )
+    partitions = [
+        (p, by_partition[p])
+        for p in sorted(by_partition)
+        if (start_ms is None or p.start_ms >= start_ms) and (end_ms is None or p.start_ms < end_ms)
+    ]
+    return CommittedFiles("parquet", None, partitions, loose)
 
 
 def committed_files(
@@ -87,11 +140,15 @@ def committed_files(
             table_dir, snapshot_id=snapshot_id, start_ms=start_ms, end_ms=end_ms
         )
         return CommittedFiles("iceberg", resolved, partitions)
+    found = table_format(table_dir)
     if snapshot_id is not None:
+        what = "a Hive-layout" if found == "hive" else "a plain Parquet"
         raise ConfigError(
-            f"{table_dir}: a Hive-layout table has no snapshots (asked for {snapshot_id}); "
-            "convert it with `recd table migrate`"
+            f"{table_dir}: {what} table has no snapshots (asked for {snapshot_id})"
+            + ("; convert it with `recd table migrate`" if found == "hive" else "")
         )
+    if found == "parquet":
+        return _parquet_table(table_dir, start_ms, end_ms)
     partitions = [
         (partition, [f for f in data_files(path) if f.suffix == ".parquet"])
         for partition, path in committed_partition_dirs(table_dir, start_ms=start_ms, end_ms=end_ms)
@@ -170,6 +227,11 @@ def resolve_table_format(table_dir: Path, requested: str | None) -> str:
     existing = table_format(table_dir) if table_dir.is_dir() else None
     if existing is None:
         return requested or "iceberg"
+    if existing == "parquet":
+        raise ConfigError(
+            f"{table_dir}: holds Parquet files that recd did not write (no Iceberg metadata, "
+            "no _SUCCESS partitions); write the ETL's table to another directory"
+        )
     if requested is not None and requested != existing:
         hint = " (convert it with `recd table migrate`)" if existing == "hive" else ""
         raise ConfigError(

@@ -68,7 +68,9 @@ class ReaderConfig:
 
     table: str
     """Table directory written by ``recd etl``: only committed files are read (an Iceberg
-    table's snapshot, or a Hive-layout table's partitions holding ``_SUCCESS``)."""
+    table's snapshot, or a Hive-layout table's partitions holding ``_SUCCESS``). Or a
+    directory of Parquet files from another tool, read whole (list its features in
+    ``labels``, ``dense``, ``sparse`` and ``history_features``; docs/own-data.md)."""
     snapshot: int | None = None
     """Iceberg table: the snapshot to read (None: the current one when the plan is built; a
     training run records the one it read and a resume reads that one again)."""
@@ -82,7 +84,12 @@ class ReaderConfig:
     dense: list[str] | None = None
     """Dense feature columns, B x D in the batch in this order; None: all of the catalogue."""
     sparse: list[str] | None = None
-    """Sparse feature columns (``list<int64>``); None: all sparse features of the catalogue."""
+    """Sparse feature columns (``list<int64>``, or any integer list; a plain integer column is
+    a list of one id); None: all sparse features of the catalogue."""
+    history_features: list[list[str]] = field(default_factory=list)
+    """A table without a recd catalogue: the sparse features that are histories (sequences the
+    ``rm1`` model pools with a transformer), in groups that change together; the others are
+    static features. Ignored for tables written by ``recd etl`` (their catalogue says)."""
     dedup_sparse_features: list[list[str]] = field(default_factory=list)
     """Groups of sparse features converted to IKJTs (one inverse lookup per group, O3); the
     others stay in the plain KJT. Each feature may appear in at most one group."""

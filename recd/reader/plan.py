@@ -38,6 +38,7 @@ from recd.etl.tables import committed_files
 from recd.layout import Layout, layout_of, new_ids_column
 from recd.layout_read import stacked_columns
 from recd.reader.config import SPARSE_PREPROCESS_KINDS, ReaderConfig, Shuffle
+from recd.reader.infer import infer_catalogue
 from recd.schema import (
     CATALOGUE_METADATA_KEY,
     SESSION_ID,
@@ -83,7 +84,10 @@ class ReadPlan:
     """The config the plan was built from, with ``snapshot`` set to the Iceberg snapshot read
     (None for a Hive-layout table)."""
     catalogue: Catalogue | None
-    """The table's catalogue (from the Parquet schema metadata), if it has one."""
+    """The table's catalogue (from the Parquet schema metadata), or, for a table without one,
+    the catalogue of the listed features measured on its files (``recd.reader.infer``)."""
+    catalogue_inferred: bool = False
+    """Whether ``catalogue`` was measured rather than read from the table."""
     labels: list[str]
     """Label columns, in batch order."""
     dense: list[str]
@@ -225,6 +229,7 @@ def build_plan(config: ReaderConfig) -> ReadPlan:
     first_schema = metas[0].schema.to_arrow_schema()
     catalogue = _catalogue_or_none(first_schema, source=str(files[0]))
     labels, dense, sparse = _resolve_features(config, catalogue, source=str(files[0]))
+    inferred = catalogue is None
     columns = [*labels, *dense, *sparse]
     if config.shuffle == Shuffle.SESSION:
         columns.append(SESSION_ID)
@@ -234,6 +239,15 @@ def build_plan(config: ReaderConfig) -> ReadPlan:
         for path, meta in zip(files, metas, strict=True)
     ]
     column_types = _check_schemas(files, metas, layouts, columns, sparse=sparse)
+    if catalogue is None:
+        catalogue = infer_catalogue(
+            files,
+            metas,
+            labels=labels,
+            dense=dense,
+            sparse=sparse,
+            history=config.history_features,
+        )
     units: list[WorkUnit] = []
     for path, meta, layout in zip(files, metas, layouts, strict=True):
         encoded = tuple(f for f in sparse if f in layout.encoded)
@@ -257,6 +271,7 @@ def build_plan(config: ReaderConfig) -> ReadPlan:
     return ReadPlan(
         config=dataclasses.replace(config, snapshot=committed.snapshot_id),
         catalogue=catalogue,
+        catalogue_inferred=inferred,
         labels=labels,
         dense=dense,
         sparse=sparse,
@@ -355,12 +370,14 @@ def _check_schemas(
 
 def _check_column_type(path: Path, name: str, typ: pa.DataType, *, sparse: bool) -> None:
     if sparse:
-        ok = (pa.types.is_list(typ) or pa.types.is_large_list(typ)) and pa.types.is_integer(
-            typ.value_type
+        ok = pa.types.is_integer(typ) or (
+            (pa.types.is_list(typ) or pa.types.is_large_list(typ))
+            and pa.types.is_integer(typ.value_type)
         )
         if not ok:
             raise SchemaError(
-                f"{path}: column {name!r} has type {typ}, expected list<int64> (sparse ids)"
+                f"{path}: column {name!r} has type {typ}, expected list<int64> or an integer "
+                "(sparse ids)"
             )
     elif name == SESSION_ID:
         if not pa.types.is_integer(typ):

@@ -135,7 +135,17 @@ def _is_clean_sparse(col: pa.ChunkedArray) -> bool:
 
 
 def _normalise_sparse(col: pa.ChunkedArray, name: str, unit: WorkUnit) -> pa.ChunkedArray:
-    _check_no_nulls(col, name, unit, what="null list (expected a list of int64 ids, maybe empty)")
+    scalar = pa.types.is_integer(col.type)  # one id per row (a plain table's item id column)
+    what = "null id" if scalar else "null list (expected a list of int64 ids, maybe empty)"
+    _check_no_nulls(col, name, unit, what=what)
+    if scalar:
+        col = pa.chunked_array(
+            [
+                pa.ListArray.from_arrays(pa.array(np.arange(len(c) + 1, dtype=np.int32)), c)
+                for c in col.chunks
+            ],
+            type=pa.list_(col.type),
+        )
     chunks = []
     row0 = 0
     for chunk in col.chunks:

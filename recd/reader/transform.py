@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import logging
 import math
+import warnings
 from typing import Any
 
 import pyarrow as pa
@@ -93,10 +94,19 @@ def build_preprocessing(
     dense_stages: list[nn.Module] = []
     for spec in specs:
         kind, features = spec["kind"], list(spec["features"])
-        if kind == "hash_modulo":
-            sparse_stages.append(HashModulo({f: int(spec["modulo"]) for f in features}))
-        elif kind == "truncate_last":
-            sparse_stages.append(TruncateLast({f: int(spec["n"]) for f in features}))
+        if kind in ("hash_modulo", "truncate_last"):
+            key = "modulo" if kind == "hash_modulo" else "n"
+            sizes = {f: int(spec[key]) for f in features}
+            stage_type = HashModulo if kind == "hash_modulo" else TruncateLast
+            last = sparse_stages[-1] if sparse_stages else None
+            # Consecutive specs of one kind on disjoint features act per key: one module
+            # (TorchScript cannot hold two instances of one module class in a chain).
+            attr = "table_sizes" if kind == "hash_modulo" else "max_lengths"
+            merged = dict(getattr(last, attr)) if type(last) is stage_type else None
+            if merged is not None and not set(sizes) & set(merged):
+                sparse_stages[-1] = stage_type({**merged, **sizes})
+            else:
+                sparse_stages.append(stage_type(sizes))
         else:
             columns = [dense.index(f) for f in features]
             module = _dense_module(kind, spec, len(features))
@@ -135,9 +145,18 @@ def _load_module(blob: nn.Module | bytes | None) -> nn.Module | None:
 
 
 def _script(module: nn.Module) -> nn.Module:
-    """TorchScript-compile ``module``; keep it eager (same results) if it does not compile."""
+    """TorchScript-compile ``module``; keep it eager (same results) if it does not compile.
+
+    torch's own notices about TorchScript (its deprecation, and that dtype-specific tensor
+    annotations are treated as plain tensors) are silenced here, where they arise: they are
+    about TorchScript, not about the user's run, and came out on every run."""
     try:
-        return torch.jit.script(module)
+        with warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore", message="TorchScript will treat", category=UserWarning
+            )
+            warnings.filterwarnings("ignore", message=r"`torch\.jit\.", category=DeprecationWarning)
+            return torch.jit.script(module)
     except Exception as exc:  # TorchScript raises many types; eager is exact, only slower
         log.warning(
             "preprocessing %s runs eagerly: TorchScript failed: %s", type(module).__name__, exc

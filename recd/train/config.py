@@ -37,7 +37,8 @@
     keep_last = 3            # retention: the newest 3 ...
     keep_every = 10          # ... plus every checkpoint at a multiple of 10 x 100 steps
 
-Relative paths (``reader.table``, ``train.run_dir``, ``checkpoint.dir``) are resolved against
+Relative paths (``reader.table``, ``eval.table``, ``train.run_dir``, ``checkpoint.dir``) are
+resolved against
 the TOML file's directory, as :func:`recd.reader.config.load_reader_config` does. Every check
 names the field and the offending value (``ConfigError``, exit code 2 in the CLI). A
 ``[reader]`` table without ``seed`` uses ``train.seed``, so one seed fixes the whole run
@@ -87,6 +88,9 @@ SHARDING_PLANS = (
 class EvalConfig:
     """The held-out partitions, read with the training reader's features and preprocessing."""
 
+    table: str | None = None
+    """A held-out table of its own (same columns as ``reader.table``; e.g. a plain Parquet
+    table with no time partitions to hold rows out by); None: the training table."""
     start: str | None = None
     """First held-out partition hour (inclusive; formats of ``reader.start``)."""
     end: str | None = None
@@ -97,8 +101,10 @@ class EvalConfig:
     """Evaluate at most this many batches (None: the whole held-out range)."""
 
     def __post_init__(self) -> None:
-        if self.start is None and self.end is None:
-            raise ConfigError("eval: give eval.start and/or eval.end (the held-out partitions)")
+        if self.start is None and self.end is None and self.table is None:
+            raise ConfigError(
+                "eval: give eval.start and/or eval.end (the held-out partitions), or eval.table"
+            )
         _check_int("eval.batch_size", self.batch_size, minimum=1)
         if self.max_batches is not None:
             _check_int("eval.max_batches", self.max_batches, minimum=1)
@@ -376,8 +382,14 @@ class TrainConfig:
         return self.checkpoint.dir if self.checkpoint.dir is not None else self.train.run_dir
 
     def __post_init__(self) -> None:
-        if self.eval is not None and _overlap(
-            (self.reader.start_ms, self.reader.end_ms), self._eval_range_ms()
+        same_table = self.eval is not None and (
+            self.eval.table is None
+            or Path(self.eval.table).resolve() == Path(self.reader.table).resolve()
+        )
+        if (
+            self.eval is not None
+            and same_table
+            and _overlap((self.reader.start_ms, self.reader.end_ms), self._eval_range_ms())
         ):
             raise ConfigError(
                 f"eval: the held-out range [{self.eval.start}, {self.eval.end}) overlaps the "
@@ -397,8 +409,11 @@ class TrainConfig:
         order, one epoch, read whole by every rank (so every rank sees the same batches)."""
         if self.eval is None:
             raise ConfigError("eval: this config has no [eval] table")
+        reader = self.reader
+        if self.eval.table is not None:
+            reader = dataclasses.replace(reader, table=self.eval.table, snapshot=None)
         return ordered_reader(
-            self.reader, start=self.eval.start, end=self.eval.end, batch_size=self.eval.batch_size
+            reader, start=self.eval.start, end=self.eval.end, batch_size=self.eval.batch_size
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -451,6 +466,13 @@ class TrainConfig:
             model = _build(ModelSection, {**model_data, "sequence": sequence}, "model")
             optim = _build(OptimSection, dict(data.get("optim", {})), "optim")
             evaluation = _build(EvalConfig, dict(data["eval"]), "eval") if "eval" in data else None
+            if (
+                evaluation is not None
+                and evaluation.table is not None
+                and base_dir is not None
+                and not Path(evaluation.table).is_absolute()
+            ):
+                evaluation.table = str(base_dir / evaluation.table)
             checkpoint = _build(CheckpointSection, dict(data.get("checkpoint", {})), "checkpoint")
             if (
                 base_dir is not None

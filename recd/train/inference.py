@@ -9,7 +9,8 @@ equals what the trainer's evaluation computes for that row.
 ``predict_table`` reads the range in table order (partitions in time order, files and row
 groups in order, rows in file order: ``shuffle = "none"``, one epoch, the last short batch
 kept) and writes one output row per table row, in that order: the row's ``session_id``,
-``request_id`` and ``ts`` (read from the same row groups), its labels, and per label the
+``request_id`` and ``ts`` (read from the same row groups; those a plain Parquet table has),
+its labels, and per label the
 logit and the predicted probability. The labels read beside the ids are checked against the
 batch's: a mismatch (the reader's order and the id stream disagree) stops with an error rather
 than pairing predictions with the wrong rows.
@@ -17,6 +18,7 @@ than pairing predictions with the wrong rows.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Iterator
@@ -99,11 +101,20 @@ class Scorer:
         return self.model(batch.dense, batch.sparse).float()
 
     def range_reader(
-        self, *, start: str | None, end: str | None, batch_size: int | None = None
+        self,
+        *,
+        start: str | None,
+        end: str | None,
+        batch_size: int | None = None,
+        table: str | None = None,
     ) -> ReaderConfig:
-        """The reader config of a scoring pass over ``[start, end)`` in table order."""
+        """The reader config of a scoring pass over ``[start, end)`` in table order, of the
+        training table or of ``table`` (the same columns)."""
+        reader = self.reader_config
+        if table is not None:
+            reader = dataclasses.replace(reader, table=str(table), snapshot=None)
         return ordered_reader(
-            self.reader_config,
+            reader,
             start=start,
             end=end,
             batch_size=batch_size or self.reader_config.batch_size,
@@ -165,17 +176,22 @@ def predict_table(
     batch_size: int | None = None,
     overwrite: bool = False,
     show_progress: bool = True,
+    table: str | None = None,
 ) -> PredictReport:
-    """Score every row of ``config``'s table in ``[start, end)`` with ``checkpoint`` and
-    write the predictions to the Parquet file ``out`` (see the module docstring)."""
+    """Score every row of ``config``'s table (or of ``table``, with the same columns) in
+    ``[start, end)`` with ``checkpoint`` and write the predictions to the Parquet file
+    ``out`` (see the module docstring)."""
     out = Path(out)
     if out.exists() and not overwrite:
         raise ConfigError(f"{out}: already exists; pass --overwrite to replace it")
     scorer = Scorer.from_checkpoint(config, checkpoint)
-    reader = scorer.range_reader(start=start, end=end, batch_size=batch_size)
+    reader = scorer.range_reader(start=start, end=end, batch_size=batch_size, table=table)
     labels = list(scorer.catalogue.labels)
-    ids = _Rows(_id_stream(reader, [*RESERVED_COLUMNS, *labels]))
-    fields = [pa.field(name, pa.int64()) for name in RESERVED_COLUMNS]
+    plan = build_plan(reader)
+    present = set(pq.read_schema(plan.units[0].path).names) if plan.units else set()
+    id_columns = [c for c in RESERVED_COLUMNS if c in present]  # a plain table may lack some
+    ids = _Rows(_id_stream(reader, [*id_columns, *labels]))
+    fields = [pa.field(name, pa.int64()) for name in id_columns]
     fields += [pa.field(name, pa.float32()) for name in labels]
     for name in labels:
         fields += [pa.field(f"logit_{name}", pa.float32())]
@@ -183,7 +199,7 @@ def predict_table(
     schema = pa.schema(fields)
     out.parent.mkdir(parents=True, exist_ok=True)
     rows, loss_sum = 0, 0.0
-    total = sum(unit.num_rows for unit in build_plan(reader).units)
+    total = sum(unit.num_rows for unit in plan.units)
     loader = ResumableLoader(reader)
     with replacing(out) as tmp, pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
         bar = (
@@ -203,7 +219,7 @@ def predict_table(
                         f"predict: rows {rows}..{rows + batch.batch_size} of the reader "
                         "and of the id columns disagree; predictions not written"
                     )
-                columns = [part.column(n).cast(pa.int64()) for n in RESERVED_COLUMNS]
+                columns = [part.column(n).cast(pa.int64()) for n in id_columns]
                 columns += [pa.array(read_labels[:, i]) for i in range(len(labels))]
                 x = logits.numpy()
                 probs = 1.0 / (1.0 + np.exp(-x.astype(np.float64)))

@@ -264,7 +264,9 @@ class Trainer:
             eval_config = dataclasses.replace(
                 config.eval_reader(),
                 preprocessing=self.reader_config.preprocessing,
-                snapshot=self.table_snapshot,  # the same table, read as the training reads it
+                # the same table, read as the training reads it (a held-out table of its own:
+                # its current snapshot)
+                snapshot=self.table_snapshot if config.eval.table is None else None,
             )
             self.eval_loader = ResumableLoader(eval_config)
             self._eval_start = self.eval_loader.state_dict()
@@ -705,11 +707,7 @@ def prepare_reader(
         log.info("reader.drop_last: set for %d ranks (equal local batch sizes)", world_size)
         reader = dataclasses.replace(reader, drop_last=True)
     plan = build_plan(reader)
-    if plan.catalogue is None:
-        raise ConfigError(
-            f"reader.table: {reader.table} has no recd catalogue in its Parquet metadata; "
-            "the trainer builds the model from it (write the table with `recd etl`)"
-        )
+    assert plan.catalogue is not None  # read from the table, or measured (recd.reader.infer)
     catalogue = dataclasses.replace(
         plan.catalogue,
         labels=list(plan.labels),
@@ -731,6 +729,15 @@ def prepare_reader(
     too_big = [
         f.name for f in catalogue.sparse if f.cardinality > max_rows and f.name not in hashed
     ]
+    if plan.catalogue_inferred:
+        # A table from another tool: its cardinalities were measured on the files read, and
+        # held-out rows (another window, or [eval] table) may hold larger ids. Every table
+        # takes ids modulo its rows, so an id never seen in training shares a row instead of
+        # failing the lookup.
+        for f in catalogue.sparse:
+            if f.name not in hashed and f.name not in too_big:
+                spec = {"kind": "hash_modulo", "features": [f.name], "modulo": f.cardinality}
+                reader = dataclasses.replace(reader, preprocessing=[*reader.preprocessing, spec])
     if too_big and config.model.hash_ids:
         spec = {"kind": "hash_modulo", "features": too_big, "modulo": max_rows}
         reader = dataclasses.replace(reader, preprocessing=[*reader.preprocessing, spec])
