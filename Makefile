@@ -29,15 +29,16 @@ $(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 	$(PY) -c "import torch, torchrec, fbgemm_gpu, pyarrow, zstandard; print('recd setup ok: torch', torch.__version__, 'torchrec', torchrec.__version__ if hasattr(torchrec, '__version__') else '1.8')"
 	touch $(STAMP)
 
+# small: the pipeline shipped as recd/pipelines/small.toml (`recd init --list`).
 run: setup
-	$(VENV)/bin/recd run --config pipelines/small.toml
+	$(VENV)/bin/recd run --config small
 
 test: setup
 	$(PY) -m pytest -q tests
 
 lint: setup
-	$(VENV)/bin/ruff check recd pipelines benchmarks tests
-	$(VENV)/bin/ruff format --check recd pipelines benchmarks tests
+	$(VENV)/bin/ruff check recd benchmarks tests
+	$(VENV)/bin/ruff format --check recd benchmarks tests
 
 typecheck: setup
 	$(VENV)/bin/mypy

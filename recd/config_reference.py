@@ -172,7 +172,12 @@ def render() -> str:
         "",
         "`[run] work_dir` (required) holds every stage's output; the sections below are",
         "optional and default as shown. `[logs]` (synthetic logs) and `[ingest]` (your event",
-        "log, see docs/own-data.md for `[ingest.mapping]`) exclude each other.",
+        "log, see docs/own-data.md for `[ingest.mapping]`) exclude each other. `work_dir` is",
+        "relative to the directory recd runs in, the other paths to the pipeline TOML's",
+        "directory. A pipeline shipped with recd runs by name (`recd run --config small`;",
+        "`recd init --list` lists them, `recd init NAME DIR` copies one to edit): its training",
+        "template comes from the installed package, its `work_dir` and `[ingest] input` are",
+        "relative to the directory recd runs in.",
         "",
     ]
     parts += [section_table(name, cls) for name, cls in PIPELINE_SECTIONS]

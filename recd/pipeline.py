@@ -1,6 +1,6 @@
 """The end-to-end job behind ``recd run`` (and ``make run``): logs -> shards -> table -> analysis.
 
-A pipeline config (``pipelines/*.toml``) names a work directory and one table per stage::
+A pipeline config (``recd/pipelines/*.toml``) names a work directory and one table per stage::
 
     [run]      work_dir
     [logs]     profile or catalogue, seed, sessions / rows        (synthetic logs), or

@@ -16,8 +16,10 @@ import sys
 from recd import __version__
 from recd.errors import RecdError
 
-# Modules under recd.cli, each adding its subcommand(s); listed in pipeline order.
+# Modules under recd.cli, each adding its subcommand(s); listed in pipeline order (init: a
+# shipped pipeline to edit, first).
 COMMAND_MODULES = (
+    "init",
     "logs",
     "etl",
     "table",

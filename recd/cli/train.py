@@ -33,7 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument(
-        "--config", type=Path, required=True, help="train TOML, e.g. pipelines/train_small.toml"
+        "--config",
+        type=Path,
+        required=True,
+        help="train TOML, e.g. runs/small/train.toml (what recd run wrote)",
     )
     parser.add_argument("--steps", type=int, metavar="N", help="override [train] steps")
     parser.add_argument(

@@ -26,7 +26,7 @@ from recd.logs import rawlog
 from recd.logs.ingest import memory_bound_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
-PIPELINES = ROOT / "pipelines"
+PIPELINES = ROOT / "recd" / "pipelines"
 MIB = 1 << 20
 BUDGET_MB = 16
 ENV = {**os.environ, "RECD_PROGRESS": "0"}
@@ -44,7 +44,7 @@ def _recd(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
 
 
 def _own_data_toml(tmp_path: Path, events: Path, *, steps: int) -> Path:
-    """pipelines/own_data.toml with this test's input, work_dir, step count."""
+    """The shipped own_data.toml with this test's input, work_dir, step count."""
     text = (PIPELINES / "own_data.toml").read_text()
     text = re.sub(r'(?m)^input = ".*?"', f'input = "{events}"', text)
     text = re.sub(r'(?m)^work_dir = ".*?"', f'work_dir = "{tmp_path / "work"}"', text)
@@ -58,7 +58,7 @@ def _own_data_toml(tmp_path: Path, events: Path, *, steps: int) -> Path:
 def test_recd_run_own_data_end_to_end_then_predict(tmp_path: Path) -> None:
     events = tmp_path / "events.csv"
     made = subprocess.run(
-        [sys.executable, str(PIPELINES / "make_example_events.py"), "--out", str(events),
+        [sys.executable, "-m", "recd.logs.example_events", "--out", str(events),
          "--events", "3000", "--hours", "3"],
         capture_output=True, text=True, check=True, timeout=120,
     )  # fmt: skip

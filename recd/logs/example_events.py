@@ -1,7 +1,8 @@
-"""Write a small shop clickstream CSV to try ``recd logs ingest`` / ``pipelines/own_data.toml``.
+"""An example shop clickstream CSV, to try ``recd logs ingest`` and the ``own_data`` pipeline.
 
-    python pipelines/make_example_events.py                     # runs/own_data/events.csv
-    python pipelines/make_example_events.py --events 200000 --out /tmp/events.csv
+    recd init own_data myproj --example-events          # myproj/events.csv, 20,000 events
+    python -m recd.logs.example_events                  # ./events.csv
+    python -m recd.logs.example_events --events 200000 --out /tmp/events.csv
 
 The columns follow a public e-commerce behaviour log (one event per line, sessions
 interleaved, in time order)::
@@ -23,10 +24,13 @@ from __future__ import annotations
 
 import argparse
 import csv
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
+
+from recd.errors import ConfigError
 
 START = datetime(2026, 11, 1, 8, 0, 0, tzinfo=UTC)
 PRODUCTS = 3000
@@ -35,6 +39,8 @@ BRANDS = 80
 MEAN_EVENTS_PER_SESSION = 10.0
 MEAN_GAP_S = 25.0
 SEARCH_RATE = 0.12
+DEFAULT_EVENTS = 20_000
+DEFAULT_OUT = "events.csv"  # the own_data pipeline's [ingest] input
 
 
 def make_events(events: int, *, hours: float = 4.0, seed: int = 0) -> list[list[str]]:
@@ -113,18 +119,38 @@ def _row(
     ]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("runs/own_data/events.csv"))
-    parser.add_argument("--events", type=int, default=20_000, help="rows to write (20,000)")
-    parser.add_argument("--hours", type=float, default=4.0, help="time span (4 hours)")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    rows = make_events(args.events, hours=args.hours, seed=args.seed)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as f:
+def write_example_events(
+    path: Path, events: int = DEFAULT_EVENTS, *, hours: float = 4.0, seed: int = 0
+) -> int:
+    """Write :func:`make_events` to ``path`` (parents created); returns the events written."""
+    if events < 1:
+        raise ConfigError(f"--events: expected an integer >= 1, got {events}")
+    if not hours > 600 / 3600:
+        raise ConfigError(f"--hours: expected more than 10 minutes, got {hours}")
+    rows = make_events(events, hours=hours, seed=seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
         csv.writer(f, lineterminator="\n").writerows(rows)
-    print(f"wrote {len(rows) - 1:,} events to {args.out}")
+    return len(rows) - 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m recd.logs.example_events",
+        description=(__doc__ or "").split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help="CSV file to write")
+    parser.add_argument("--events", type=int, default=DEFAULT_EVENTS, help="rows to write")
+    parser.add_argument("--hours", type=float, default=4.0, help="time span in hours")
+    parser.add_argument("--seed", type=int, default=0, help="the same seed writes the same file")
+    args = parser.parse_args(argv)
+    try:
+        written = write_example_events(args.out, args.events, hours=args.hours, seed=args.seed)
+    except ConfigError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {written:,} events to {args.out}")
     return 0
 
 
