@@ -13,8 +13,10 @@ being written while shards are still read: the first kill hits half-written Parq
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -67,7 +69,8 @@ from recd.etl.config import EtlConfig
 from recd.etl.iceberg import load_table, referenced_paths
 from recd.etl.local import run_etl
 run_etl(EtlConfig(shard_dir=Path(sys.argv[1]), table_dir=Path(sys.argv[2]), show_progress=False,
-                  row_group_rows={ROW_GROUP_ROWS}, table_format=sys.argv[3]))
+                  row_group_rows={ROW_GROUP_ROWS}, table_format=sys.argv[3],
+                  engine=sys.argv[4] if len(sys.argv) > 4 else "local"))
 print("finished")
 """
 
@@ -86,11 +89,15 @@ def shard_dir(tmp_path: Path, tiny_catalogue: Catalogue, rows: pa.Table) -> Path
 
 
 def start_child(
-    shard_dir: Path, table: Path, env: dict[str, str], table_format: str = "hive"
+    shard_dir: Path,
+    table: Path,
+    env: dict[str, str],
+    table_format: str = "hive",
+    engine: str = "local",
 ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(shard_dir), str(table), table_format],
-        env={**os.environ, "RECD_PROGRESS": "0", **env},
+        [sys.executable, "-c", CHILD, str(shard_dir), str(table), table_format, engine],
+        env={**os.environ, "RECD_PROGRESS": "0", "PYSPARK_PYTHON": sys.executable, **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -241,18 +248,28 @@ def test_iceberg_kill_between_files_and_commit_shows_the_old_run_whole(
     assert on_disk == run_tags(table) | {p.name.split("-")[1] for p in before.files}
 
 
+SPARK = pytest.mark.skipif(
+    importlib.util.find_spec("pyspark") is None or shutil.which("java") is None,
+    reason="the Spark engine needs PySpark and Java",
+)
+
+
+@pytest.mark.parametrize(
+    "engine", ["local", pytest.param("spark", marks=[SPARK, pytest.mark.spark, pytest.mark.slow])]
+)
 def test_iceberg_kill_campaign_reader_never_sees_a_partial_run(
-    tmp_path: Path, shard_dir: Path, rows: pa.Table
+    tmp_path: Path, shard_dir: Path, rows: pa.Table, engine: str
 ) -> None:
-    """SIGKILL at random moments of real runs over a committed table: after every kill a
-    reader sees exactly one whole run (all rows, files of one run), and a final rerun leaves
-    every row once and no leftovers."""
+    """SIGKILL at random moments of real runs (either engine; Spark: the driver process, in
+    local mode) over a committed table: after every kill a reader sees exactly one whole run
+    (all rows, files of one run), and a final rerun with the same engine leaves every row
+    once and no leftovers."""
     table = tmp_path / "table"
     run_etl(EtlConfig(shard_dir=shard_dir, table_dir=table, baseline=True, show_progress=False))
     delays = {SHARD_DELAY_ENV: "0.05", COMMIT_DELAY_ENV: "0.3"}
     started = time.monotonic()
-    clean = start_child(shard_dir, table, delays, "iceberg")
-    _, err = clean.communicate(timeout=120)
+    clean = start_child(shard_dir, table, delays, "iceberg", engine)
+    _, err = clean.communicate(timeout=300)
     assert clean.returncode == 0, err.decode()
     duration = time.monotonic() - started
     rng = random.Random(7)
@@ -261,7 +278,7 @@ def test_iceberg_kill_campaign_reader_never_sees_a_partial_run(
     while kills < 10 and attempts < 25:
         attempts += 1
         tags_before = run_tags(table)
-        child = start_child(shard_dir, table, delays, "iceberg")
+        child = start_child(shard_dir, table, delays, "iceberg", engine)
         try:
             child.wait(timeout=rng.uniform(0.2, duration * 1.05))
         except subprocess.TimeoutExpired:
@@ -277,9 +294,16 @@ def test_iceberg_kill_campaign_reader_never_sees_a_partial_run(
             key = "old" if tags == tags_before else "new"
             outcomes[f"killed, {key} run visible"] += 1
         assert all_rows(table).equals(rows.sort_by(REQUEST_ID)), outcomes
-    print(f"kill campaign: {outcomes}")
+    print(f"kill campaign ({engine}): {outcomes}")
     assert kills >= 10, outcomes
-    rerun_completes(shard_dir, table, rows, "iceberg")
+    tags_before = run_tags(table)
+    rerun = start_child(shard_dir, table, {}, "iceberg", engine)
+    _, err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, err.decode()[-2000:]
+    assert all_rows(table).equals(rows.sort_by(REQUEST_ID))
+    assert all(sessions_clustered(t) for _, _, t in read_committed(table))
+    assert len(run_tags(table)) == 1 and run_tags(table) != tags_before
+    assert not list(table.glob(f"{STAGING_PREFIX}*"))
     live = {p.resolve() for p in committed_files(table).files}
     referenced = referenced_paths(load_table(table))
     on_disk = {p.resolve() for p in table.glob("ds=*/hour=*/*.parquet")}
