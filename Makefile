@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 	$(PIP) install --quiet --disable-pip-version-check $(PIN) '$(TORCH_SPEC)'
 	$(PIP) install --quiet --disable-pip-version-check $(PIN) '$(FBGEMM_SPEC)' tensordict torchmetrics tqdm pyre-extensions
 	$(PIP) install --quiet --disable-pip-version-check --no-deps '$(TORCHREC_SPEC)'
-	$(PIP) install --quiet --disable-pip-version-check $(PIN) -e '.[spark,bench,dev]'
+	$(PIP) install --quiet --disable-pip-version-check $(PIN) -e '.[spark,ray,bench,dev]'
 	$(PY) -c "import torch, torchrec, fbgemm_gpu, pyarrow, zstandard; print('recd setup ok: torch', torch.__version__, 'torchrec', torchrec.__version__ if hasattr(torchrec, '__version__') else '1.8')"
 	touch $(STAMP)
 

@@ -30,7 +30,7 @@ import tomllib
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from recd.config_types import typed_values
 from recd.errors import ConfigError
@@ -49,7 +49,18 @@ _NUMERIC_KEYS: dict[str, tuple[str, ...]] = {"clamp": ("min", "max"), "normalize
 SPARSE_PREPROCESS_KINDS = ("hash_modulo", "truncate_last")
 # Fields that do not change which batches come out (nor their order), hence not fingerprinted.
 # ``snapshot`` is left out because the plan's fingerprint covers the files it selects.
-_NOT_FINGERPRINTED = ("num_epochs", "prefetch_factor", "pin_memory", "snapshot")
+_NOT_FINGERPRINTED = (
+    "num_epochs",
+    "prefetch_factor",
+    "pin_memory",
+    "snapshot",
+    "engine",
+    "ray_address",
+    "ray_chunk_batches",
+    "ray_memory_mb",
+)
+"""Fields that do not change which batches come out: a saved position stays valid."""
+ENGINES = ("local", "ray")
 
 
 class Shuffle(StrEnum):
@@ -118,6 +129,19 @@ class ReaderConfig:
     """Batches each worker process keeps in flight (DataLoader prefetch_factor)."""
     pin_memory: bool = False
     """Let the DataLoader pin batch memory (only useful with a GPU)."""
+    engine: Literal["local", "ray"] = "local"
+    """Where batches are built: ``local`` (this process, or ``num_workers`` DataLoader worker
+    processes) or ``ray`` (Ray Data tasks, at most ``num_workers`` at once, on the Ray cluster
+    at ``ray_address``; recd.reader.ray_tier). The batches are the same."""
+    ray_address: str | None = None
+    """``engine = "ray"``: address of an existing Ray cluster (``ray://host:10001`` or
+    ``host:6379``); None: the cluster this process already joined, else a local one started
+    for the job."""
+    ray_chunk_batches: int = 4
+    """``engine = "ray"``: batches one Ray task builds (its unit of work and of retry)."""
+    ray_memory_mb: int = 512
+    """``engine = "ray"``: Ray object store memory the reader's tasks may fill before Ray's
+    backpressure holds new tasks back."""
 
     def __post_init__(self) -> None:
         if not self.table:
@@ -138,6 +162,16 @@ class ReaderConfig:
         _check_int("num_workers", self.num_workers, minimum=0)
         _check_int("prefetch_factor", self.prefetch_factor, minimum=1)
         _check_int("seed", self.seed, minimum=0)
+        _check_int("ray_chunk_batches", self.ray_chunk_batches, minimum=1)
+        _check_int("ray_memory_mb", self.ray_memory_mb, minimum=1)
+        if self.engine not in ENGINES:
+            raise ConfigError(f"reader.engine: {self.engine!r} is not one of {', '.join(ENGINES)}")
+        if self.engine == "ray" and self.world_size > 1 and self.ray_address is None:
+            raise ConfigError(
+                f"reader.engine = 'ray' with {self.world_size} ranks needs reader.ray_address: "
+                "the ranks must share one Ray cluster (start one with `ray start --head` and "
+                'set ray_address = "auto", or give its address)'
+            )
         if self.rank >= self.world_size:
             raise ConfigError(f"reader.rank: {self.rank} must be < world_size {self.world_size}")
         for name in ("labels", "dense", "sparse"):

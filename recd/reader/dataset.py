@@ -19,6 +19,7 @@ first row to (unit, offset) with the Parquet footer row counts and reads nothing
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -204,6 +205,7 @@ class ResumableLoader:
         self.epoch = 0
         """Current epoch (``num_epochs`` once everything has been read)."""
         self._counts = [0] * config.workers_per_rank
+        self._ray_stream: Iterator[TaggedBatch | WorkerFailure] | None = None
 
     def epoch_totals(self, epoch: int) -> list[int]:
         """Batches each local worker yields in ``epoch``."""
@@ -233,10 +235,17 @@ class ResumableLoader:
         if self.epoch >= self.config.num_epochs:
             self.epoch = 0
             self._counts = [0] * self.config.workers_per_rank
-        while self.epoch < self.config.num_epochs:
-            yield from self._iter_epoch()
-            self.epoch += 1
-            self._counts = [0] * self.config.workers_per_rank
+        self._ray_stream = None  # engine "ray": started from this position when first needed
+        try:
+            while self.epoch < self.config.num_epochs:
+                yield from self._iter_epoch()
+                self.epoch += 1
+                self._counts = [0] * self.config.workers_per_rank
+        finally:  # finished, or closed / dropped midway: stop the Ray execution now
+            stream, self._ray_stream = self._ray_stream, None
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
 
     def _iter_epoch(self) -> Iterator[Batch]:
         totals = self.epoch_totals(self.epoch)
@@ -260,6 +269,18 @@ class ResumableLoader:
 
     def _source(self, dataset: ReaderDataset) -> Iterator[TaggedBatch | WorkerFailure]:
         cfg = self.config
+        if cfg.engine == "ray":
+            if self._ray_stream is None:  # one Ray Data execution for every epoch left
+                from recd.reader.ray_tier import iter_ray_batches
+
+                epochs = [(dataset.epoch, self.epoch_totals(dataset.epoch), dataset.start_batches)]
+                epochs += [
+                    (e, self.epoch_totals(e), [0] * cfg.workers_per_rank)
+                    for e in range(dataset.epoch + 1, cfg.num_epochs)
+                ]
+                self._ray_stream = iter_ray_batches(self.plan, epochs)
+            left = sum(self.epoch_totals(dataset.epoch)) - sum(dataset.start_batches)
+            return itertools.islice(self._ray_stream, left)
         if cfg.num_workers == 0:
             return iter(dataset)
         loader = DataLoader(

@@ -1,0 +1,203 @@
+"""Reader tier on Ray Data: batches built by Ray workers, possibly on other machines.
+
+``[reader] engine = "ray"`` moves reading, conversion (KJT + IKJTs) and preprocessing out of
+the trainer's process into Ray Data tasks. The work is the local reader's: the same plan, the
+same split of the units over ``world_size x workers_per_rank`` streams (each stream is what a
+DataLoader worker would read), the same rows per batch, built by the same functions
+(``recd.reader.dataset.iter_tagged_batches``), so every batch equals the local reader's.
+
+How one epoch of one rank runs::
+
+    chunks   each stream's batches from its resume position, cut in chunks of
+             ``ray_chunk_batches``: (stream w, first batch s), listed round-robin over the
+             streams (chunk 0 of every stream, then chunk 1, ...): the order batches are used
+    Ray Data from_items(chunks of every epoch left) -> map_batches(read_chunk), one chunk
+             per task, at most ``num_workers`` tasks at once, ``preserve_order`` (chunks come
+             back in list order whatever order the tasks finish in), object store use capped
+             at ``ray_memory_mb`` (Ray's backpressure stops scheduling tasks beyond it); the
+             worker processes stay up across epochs, each unpickles the plan and compiles the
+             preprocessing once
+    task     builds the chunk's batches: iter_tagged_batches(plan, transform, epoch, w, s),
+             IKJTs per unit inside the task, pickled into one binary cell
+    trainer  unpickles, and the loader's reorder buffer hands them out in the canonical
+             (seq, worker) order: the local reader's sequence, resumable at any batch
+
+A task reads its chunk from the chunk's first row (the plan maps a batch to its unit and
+offset from the footers), so chunks are independent: a task whose worker process dies is run
+again by Ray (Ray Data retries a task whose process died), giving the same batches; nothing
+is lost or duplicated. A
+RecdError in a task (a bad row) comes back as data and is raised in the trainer with its own
+type and message, as with DataLoader workers.
+
+Why Ray Data's ``streaming_split`` is not used: it deals blocks to the splits as consumers ask
+for them, so which rank gets which rows, and in which order, depends on timing. That would
+break the equality with the local reader and exact resume; building each rank's own ordered
+dataset keeps both and still uses Ray Data's streaming executor, backpressure and retries.
+
+Ray is imported lazily (the ``ray`` extra); ``ray_address`` names an existing cluster, or
+None starts a local one for the job (or uses the one ``ray.init`` already started).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from recd.errors import ConfigError, RecdError
+from recd.reader.plan import ReadPlan
+from recd.reader.transform import BatchTransform
+
+log = logging.getLogger(__name__)
+
+KILL_DIR_ENV = "RECD_READER_TEST_KILL_DIR"
+"""Test hook: a directory. A task about to read chunk ``e<epoch>-w<stream>-b<first batch>``
+finds ``<chunk>.kill`` there, renames it ``<chunk>.killed`` and kills its own worker process
+(os._exit), as a lost machine would. Unset in normal runs."""
+
+
+def ensure_ray(address: str | None) -> Any:
+    """The ``ray`` module, connected: to ``address``, to the cluster ``ray.init`` already
+    joined, or to a local cluster started now."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError(
+            "reader.engine = 'ray' needs Ray Data: pip install 'ray[data]' (recd's `ray` extra)"
+        ) from exc
+    quiet = not log.isEnabledFor(logging.DEBUG)  # Ray's own INFO lines: with --verbose only
+    if not ray.is_initialized():
+        log.info("ray: %s", f"connecting to {address}" if address else "starting a local cluster")
+        ray.init(
+            address=address,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.ERROR if quiet else logging.INFO,
+        )
+    if quiet:
+        import ray.data  # its first import configures the "ray.data" logger
+
+        logging.getLogger("ray.data").setLevel(logging.ERROR)
+    return ray
+
+
+def chunk_list(
+    totals: list[int], start_batches: list[int], chunk_batches: int
+) -> list[tuple[int, int, int]]:
+    """(stream, first batch, batches) of every chunk left in an epoch, round-robin over the
+    streams: chunk 0 of each stream, then chunk 1, ..."""
+    per_stream = [
+        [(w, s, min(chunk_batches, total - s)) for s in range(start, total, chunk_batches)]
+        for w, (total, start) in enumerate(zip(totals, start_batches, strict=True))
+    ]
+    longest = max((len(c) for c in per_stream), default=0)
+    return [c[j] for j in range(longest) for c in per_stream if j < len(c)]
+
+
+def read_chunk(item: dict[str, np.ndarray], *, plan: bytes) -> dict[str, Any]:
+    """The Ray Data UDF (``map_batches``, one chunk per call): the chunk's TaggedBatches, or a
+    WorkerFailure after the ones before a bad row, pickled into one binary cell."""
+    from recd.reader.dataset import WorkerFailure, iter_tagged_batches
+
+    epoch, worker, first, count = (int(item[k][0]) for k in ("epoch", "worker", "first", "count"))
+    _kill_if_asked(f"e{epoch}-w{worker}-b{first}")
+    read_plan, read_transform = _prepared(plan)
+    out: list[Any] = []
+    try:
+        for tagged in iter_tagged_batches(
+            read_plan, read_transform, epoch=epoch, worker=worker, start_batch=first
+        ):
+            out.append(tagged)
+            if len(out) == count:
+                break
+    except RecdError as exc:
+        out.append(WorkerFailure.capture(worker, exc))
+    payload = pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
+    return {
+        "epoch": np.array([epoch]),
+        "worker": np.array([worker]),
+        "first": np.array([first]),
+        "payload": np.array([payload], dtype=object),
+    }
+
+
+_PREPARED: dict[bytes, tuple[ReadPlan, BatchTransform]] = {}
+
+
+def _prepared(plan_blob: bytes) -> tuple[ReadPlan, BatchTransform]:
+    """The plan and its transform, made once per Ray worker process and plan. The transform
+    is compiled here rather than shipped: a TorchScript archive of a module taking a KJT does
+    not load in a process where torchrec's KJT was never scripted."""
+    key = hashlib.sha256(plan_blob).digest()
+    if key not in _PREPARED:
+        if len(_PREPARED) >= 4:
+            _PREPARED.clear()
+        plan = pickle.loads(plan_blob)
+        _PREPARED[key] = (plan, BatchTransform(plan))
+    return _PREPARED[key]
+
+
+def _kill_if_asked(name: str) -> None:
+    directory = os.environ.get(KILL_DIR_ENV)
+    if not directory:
+        return
+    request = Path(directory) / f"{name}.kill"
+    if request.exists():
+        request.rename(request.with_suffix(".killed"))
+        os._exit(17)
+
+
+def iter_ray_batches(
+    plan: ReadPlan, epochs: list[tuple[int, list[int], list[int]]]
+) -> Iterator[Any]:
+    """The ``TaggedBatch``es (or ``WorkerFailure``s) of one rank from Ray Data, epoch after
+    epoch in chunk order (see the module docstring). ``epochs``: (epoch, batches of each
+    stream, first batch of each stream) of every epoch to read; one Ray Data execution covers
+    them all, so Ray's worker processes (and their imports) serve every epoch."""
+    cfg = plan.config
+    items = [
+        {"epoch": epoch, "worker": w, "first": s, "count": n}
+        for epoch, totals, starts in epochs
+        for w, s, n in chunk_list(totals, starts, cfg.ray_chunk_batches)
+    ]
+    if not items:
+        return
+    ray = ensure_ray(cfg.ray_address)
+    from ray.data import DataContext, ExecutionResources, TaskPoolStrategy
+
+    # The dataset keeps a copy of the context it was made with: set what the reader needs,
+    # make it, and give the process its own settings back.
+    ctx = DataContext.get_current()
+    saved = ctx.copy()
+    try:
+        ctx.execution_options.preserve_order = True
+        ctx.execution_options.resource_limits = ExecutionResources(
+            object_store_memory=cfg.ray_memory_mb * 2**20
+        )
+        ctx.enable_progress_bars = False
+        ctx.print_on_execution_start = False
+        dataset = ray.data.from_items(items, override_num_blocks=len(items))
+        dataset = dataset.map_batches(
+            read_chunk,
+            batch_size=1,
+            batch_format="numpy",
+            fn_kwargs={"plan": pickle.dumps(plan)},
+            compute=TaskPoolStrategy(size=cfg.workers_per_rank),
+            num_cpus=1,
+        )
+    finally:
+        DataContext._set_current(saved)
+    rows = iter(dataset.iter_rows())
+    try:
+        for row in rows:
+            yield from pickle.loads(row["payload"])
+    finally:  # closed early (the trainer stopped): end the execution while Ray is up
+        close = getattr(rows, "close", None)
+        if close is not None:
+            close()
