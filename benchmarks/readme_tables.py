@@ -14,6 +14,11 @@ sections = [
         "Readers on the clickstream profile (the shape of a real session log)",
         "reader_clickstream.png",
     ),
+    (
+        "reader_tier",
+        "Reader tiers: in-process, DataLoader workers, Ray Data workers",
+        "reader_tier.png",
+    ),
     ("trainer", "Trainer: the RM1 ablation (O5-O7)", "trainer.png"),
     ("checkpoint", "Checkpoints", None),
     ("recovery", "Failure recovery", None),

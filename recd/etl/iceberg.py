@@ -334,7 +334,15 @@ def commit_files(
 def _commit(table: Table, files: list[Path], partitions: set[Partition], *, run_id: str) -> int:
     from pyiceberg.io.pyarrow import parquet_files_to_data_files
 
-    new = list(parquet_files_to_data_files(table.io, table.metadata, iter(map(str, files))))
+    # The dedup layout writes no statistics for the columns whose min/max say nothing
+    # (recd.layout.statistics_columns); pyiceberg warns once per such column and file.
+    quiet = logging.getLogger("pyiceberg.io.pyarrow")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        new = list(parquet_files_to_data_files(table.io, table.metadata, iter(map(str, files))))
+    finally:
+        quiet.setLevel(level)
     partition_by = table_partition_by(table)
     replaced = [f for f in live_data_files(table) if _partition_of(f, partition_by) in partitions]
     with table.transaction() as tx:
