@@ -153,13 +153,11 @@ def _kill_if_asked(name: str) -> None:
         os._exit(17)
 
 
-def iter_ray_batches(
-    plan: ReadPlan, epochs: list[tuple[int, list[int], list[int]]]
-) -> Iterator[Any]:
-    """The ``TaggedBatch``es (or ``WorkerFailure``s) of one rank from Ray Data, epoch after
-    epoch in chunk order (see the module docstring). ``epochs``: (epoch, batches of each
-    stream, first batch of each stream) of every epoch to read; one Ray Data execution covers
-    them all, so Ray's worker processes (and their imports) serve every epoch."""
+def ray_dataset(plan: ReadPlan, epochs: list[tuple[int, list[int], list[int]]]) -> Any:
+    """The Ray Data dataset of one rank's chunks (see the module docstring), or None when
+    nothing is left to read. ``epochs``: (epoch, batches of each stream, first batch of each
+    stream) of every epoch to read; one Ray Data execution covers them all, so Ray's worker
+    processes (and their imports) serve every epoch."""
     cfg = plan.config
     items = [
         {"epoch": epoch, "worker": w, "first": s, "count": n}
@@ -167,7 +165,7 @@ def iter_ray_batches(
         for w, s, n in chunk_list(totals, starts, cfg.ray_chunk_batches)
     ]
     if not items:
-        return
+        return None
     ray = ensure_ray(cfg.ray_address)
     from ray.data import DataContext, ExecutionResources, TaskPoolStrategy
 
@@ -183,7 +181,7 @@ def iter_ray_batches(
         ctx.enable_progress_bars = False
         ctx.print_on_execution_start = False
         dataset = ray.data.from_items(items, override_num_blocks=len(items))
-        dataset = dataset.map_batches(
+        return dataset.map_batches(
             read_chunk,
             batch_size=1,
             batch_format="numpy",
@@ -193,6 +191,16 @@ def iter_ray_batches(
         )
     finally:
         DataContext._set_current(saved)
+
+
+def iter_ray_batches(
+    plan: ReadPlan, epochs: list[tuple[int, list[int], list[int]]]
+) -> Iterator[Any]:
+    """The ``TaggedBatch``es (or ``WorkerFailure``s) of one rank from Ray Data, epoch after
+    epoch in chunk order (:func:`ray_dataset`)."""
+    dataset = ray_dataset(plan, epochs)
+    if dataset is None:
+        return
     rows = iter(dataset.iter_rows())
     try:
         for row in rows:

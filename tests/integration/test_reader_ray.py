@@ -24,7 +24,8 @@ ray = pytest.importorskip("ray")
 from recd.errors import BadRowError, ConfigError  # noqa: E402
 from recd.reader import ReaderConfig  # noqa: E402
 from recd.reader.dataset import ResumableLoader  # noqa: E402
-from recd.reader.ray_tier import KILL_DIR_ENV, chunk_list  # noqa: E402
+from recd.reader.plan import build_plan  # noqa: E402
+from recd.reader.ray_tier import KILL_DIR_ENV, chunk_list, ray_dataset  # noqa: E402
 from recd.schema import load_catalogue  # noqa: E402
 from tests.tables import build_table  # noqa: E402
 from tests.unit.test_reader_dataset import assert_same_batch  # noqa: E402
@@ -138,6 +139,25 @@ def test_a_bad_row_is_raised_with_its_file_row_and_column(cluster: None, tmp_pat
     )
     with pytest.raises(BadRowError, match=r"part-0.parquet: row 1: field 'item': null id"):
         list(ResumableLoader(config))
+
+
+def test_the_dataset_is_ordered_and_capped_without_touching_the_process_settings(
+    cluster: None, table: Path
+) -> None:
+    from ray.data import DataContext
+
+    config = dataclasses.replace(on_ray(configs(table)["kjt"]), ray_memory_mb=64)
+    before = DataContext.get_current().execution_options
+    before_order, before_limits = before.preserve_order, before.resource_limits
+    plan = build_plan(config)
+    totals = ResumableLoader(config).epoch_totals(0)
+    dataset = ray_dataset(plan, [(0, totals, [0, 0])])
+    options = dataset.context.execution_options
+    assert options.preserve_order  # chunks come back in list order
+    assert options.resource_limits.object_store_memory == 64 * 2**20  # Ray's backpressure cap
+    now = DataContext.get_current().execution_options
+    assert now.preserve_order == before_order and now.resource_limits == before_limits
+    assert ray_dataset(plan, [(0, totals, totals)]) is None  # nothing left: no execution
 
 
 def test_several_ranks_need_one_shared_cluster(table: Path) -> None:
