@@ -12,7 +12,8 @@ tests/integration/test_reader_ray.py).
 
 Tiers: ``inline`` (``num_workers = 0``: the trainer process reads), ``dataloader_wN`` (N
 DataLoader worker processes), ``ray_wN`` (N Ray Data tasks at once on a local Ray cluster of
-``--ray-cpus`` CPUs started once before any measurement).
+``--ray-cpus`` CPUs started once before any measurement, or the cluster the calling process
+already joined).
 
 The trainer loop: for each batch, a fixed ``--step-ms`` of CPU work in the trainer process
 (a stand-in for the forward/backward pass: a busy loop, so it competes for the cores like a
@@ -151,7 +152,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     )
     configs = tiers(base, args.workers, args.ray_workers)
     started = time.perf_counter()
-    ray.init(num_cpus=args.ray_cpus, include_dashboard=False, log_to_driver=False)
+    ray_started_here = not ray.is_initialized()  # else: the caller's cluster (tests)
+    if ray_started_here:
+        ray.init(num_cpus=args.ray_cpus, include_dashboard=False, log_to_driver=False)
     ray_start_s = time.perf_counter() - started
     warm: dict[str, dict[str, Any]] = {}
     step_s = 0.0
@@ -187,7 +190,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 flush=True,
             )
     load_after = os.getloadavg()
-    ray.shutdown()
+    if ray_started_here:
+        ray.shutdown()
     cores = os.cpu_count() or 1
     figures = {}
     for name, ps in passes.items():
@@ -226,6 +230,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "ray_cpus": args.ray_cpus,
             "ray_chunk_batches": base.ray_chunk_batches,
             "ray_start_s": ray_start_s,
+            "ray_started_here": ray_started_here,
             "load_before": load_before,
             "load_after": load_after,
         },

@@ -68,9 +68,16 @@ from pathlib import Path
 from recd.etl.config import EtlConfig
 from recd.etl.iceberg import load_table, referenced_paths
 from recd.etl.local import run_etl
+engine = sys.argv[4] if len(sys.argv) > 4 else "local"
+if engine == "spark":  # a light local Spark (the engine uses the active session), as in
+    from pyspark.sql import SparkSession  # tests/integration/test_etl_spark.py
+    (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+     .config("spark.sql.shuffle.partitions", "2").config("spark.default.parallelism", "2")
+     .config("spark.driver.memory", "512m")
+     .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1")
+     .getOrCreate())
 run_etl(EtlConfig(shard_dir=Path(sys.argv[1]), table_dir=Path(sys.argv[2]), show_progress=False,
-                  row_group_rows={ROW_GROUP_ROWS}, table_format=sys.argv[3],
-                  engine=sys.argv[4] if len(sys.argv) > 4 else "local"))
+                  row_group_rows={ROW_GROUP_ROWS}, table_format=sys.argv[3], engine=engine))
 print("finished")
 """
 

@@ -2,7 +2,7 @@
 local reader's (KJT and IKJT configs), resume is exact mid-epoch (also across engines), a
 Ray worker process killed mid-epoch costs nothing (its chunk is read again), a bad row is
 raised as in the local reader, and `recd train` with `engine = "ray"` trains exactly as with
-the local reader and checkpoints."""
+the local reader and checkpoints; and benchmarks/reader_tier.py at toy size."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from benchmarks.reader_tier import main as bench_main  # noqa: E402
 from recd.errors import BadRowError, ConfigError  # noqa: E402
 from recd.reader import ReaderConfig  # noqa: E402
 from recd.reader.dataset import ResumableLoader  # noqa: E402
@@ -160,6 +161,18 @@ def test_the_dataset_is_ordered_and_capped_without_touching_the_process_settings
     assert ray_dataset(plan, [(0, totals, totals)]) is None  # nothing left: no execution
 
 
+def test_each_rank_gets_its_own_split_equal_to_the_local_readers(
+    cluster: None, table: Path
+) -> None:
+    """Two ranks sharing this cluster (``ray_address`` set: the process already joined it):
+    each rank's batches are the local reader's batches of that rank."""
+    config = dataclasses.replace(configs(table)["ikjt"], num_epochs=1)
+    for rank in range(2):
+        local = dataclasses.replace(config, world_size=2, rank=rank)
+        remote = dataclasses.replace(local, engine="ray", ray_address="auto")
+        assert_same_batches(list(ResumableLoader(local)), list(ResumableLoader(remote)))
+
+
 def test_several_ranks_need_one_shared_cluster(table: Path) -> None:
     with pytest.raises(ConfigError, match=r"needs reader\.ray_address"):
         dataclasses.replace(on_ray(configs(table)["kjt"]), world_size=2)
@@ -209,3 +222,43 @@ checkpoint_every = 6
         assert [e["step"] for e in losses[engine]] == list(range(1, 13))
     assert losses["ray"] == losses["local"]
     shutil.rmtree(tmp_path / "ray" / "run")
+
+
+def test_reader_tier_benchmark_quick_run_writes_consistent_results(
+    cluster: None, tmp_path: Path
+) -> None:
+    """benchmarks/reader_tier.py at toy size (``--quick``) on this module's cluster: every
+    reported number measured and consistent with the others (no timing assertions)."""
+    out = tmp_path / "reader_tier.json"
+    argv = ["--quick", "--work-dir", str(tmp_path / "work"), "--out", str(out)]
+    assert bench_main(argv) == 0
+    result = json.loads(out.read_text())
+    protocol = result["protocol"]
+    assert protocol["reps"] == 1 and len(protocol["orders"]) == 1
+    assert (
+        sorted(protocol["orders"][0])
+        == sorted(result["tiers"])
+        == [
+            "dataloader_w1",
+            "inline",
+            "ray_w1",
+        ]
+    )
+    assert protocol["step_calibrated"] and protocol["step_ms"] > 0
+    assert not protocol["ray_started_here"]
+    for name, tier in result["tiers"].items():
+        assert tier["rows"] == protocol["table_rows"] > 0, name  # the whole table, every tier
+        assert tier["passes"] == 1 and tier["failed_passes"] == 0
+        for key in ("samples_per_s", "stall_fraction", "wall_s"):
+            s = tier[key]
+            assert s["min"] <= s["median"] <= s["max"], (name, key)
+        assert 0.0 <= tier["stall_fraction"]["median"] <= 1.0
+        assert tier["samples_per_s"]["median"] == pytest.approx(
+            tier["rows"] / tier["wall_s"]["median"]
+        )
+    wire = result["wire"]
+    assert wire["wire_ratio_kjt_over_ikjt"] == pytest.approx(
+        wire["kjt"]["pickled_bytes_per_batch"] / wire["ikjt"]["pickled_bytes_per_batch"]
+    )
+    assert out.with_suffix(".md").read_text().count("\n| ") == 4  # header + 3 tiers
+    assert out.with_suffix(".png").stat().st_size > 0
