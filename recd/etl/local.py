@@ -105,7 +105,7 @@ from recd.etl.encodings import (
 )
 from recd.etl.inputs import list_shards, output_order
 from recd.etl.partitions import Partition, unit_ids
-from recd.etl.tables import commit_and_report, prepare_table
+from recd.etl.tables import commit_and_report, prepare_table, refuse_foreign_table
 from recd.etl.validate import (
     BlockValidator,
     Frame,
@@ -156,6 +156,7 @@ def run_etl(config: EtlConfig) -> EtlReport:
     ``engine="spark"`` hands over to ``recd.etl.spark.run_spark_etl`` (the ``recd[spark]``
     extra); ``"local"`` runs the embedded engine in this process.
     """
+    refuse_foreign_table(config.table_dir)  # before the lock file is made in it
     if config.engine == "spark":
         return _run_spark(config)
     return LocalEtl(config).run()

@@ -219,6 +219,16 @@ def resolve_partition_by(config: EtlConfig, table_format: str) -> str:
     return partition_by
 
 
+def refuse_foreign_table(table_dir: Path) -> None:
+    """ConfigError when ``table_dir`` holds Parquet files recd did not write (a ``parquet``
+    table): the ETL never writes into another tool's table, not even its lock file."""
+    if table_dir.is_dir() and table_format(table_dir) == "parquet":
+        raise ConfigError(
+            f"{table_dir}: holds Parquet files that recd did not write (no Iceberg metadata, "
+            "no _SUCCESS partitions); write the ETL's table to another directory"
+        )
+
+
 def resolve_table_format(table_dir: Path, requested: str | None) -> str:
     """The format a run writes: the table's own if it has one (``requested`` must agree),
     else ``requested`` or ``iceberg``."""
@@ -228,10 +238,7 @@ def resolve_table_format(table_dir: Path, requested: str | None) -> str:
     if existing is None:
         return requested or "iceberg"
     if existing == "parquet":
-        raise ConfigError(
-            f"{table_dir}: holds Parquet files that recd did not write (no Iceberg metadata, "
-            "no _SUCCESS partitions); write the ETL's table to another directory"
-        )
+        refuse_foreign_table(table_dir)
     if requested is not None and requested != existing:
         hint = " (convert it with `recd table migrate`)" if existing == "hive" else ""
         raise ConfigError(
