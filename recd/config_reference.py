@@ -162,8 +162,8 @@ def render() -> str:
         "",
         "## Training job (`recd train --config JOB.toml`)",
         "",
-        "Relative paths (`reader.table`, `train.run_dir`, `checkpoint.dir`) are resolved against",
-        "the TOML file's directory.",
+        "Relative paths (`reader.table`, `eval.table`, `train.run_dir`, `checkpoint.dir`) are",
+        "resolved against the TOML file's directory.",
         "",
     ]
     parts += [section_table(name, cls) for name, cls in TRAIN_SECTIONS]

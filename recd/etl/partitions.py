@@ -17,6 +17,7 @@ mapping millions of timestamps to partitions is one integer division.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -41,6 +42,7 @@ _PARTITION_DIR = re.compile(r"^ds=(\d{4}-\d{2}-\d{2})$")
 _HOUR_DIR = re.compile(r"^hour=(\d{2})$")
 
 
+@functools.total_ordering
 @dataclass(frozen=True, slots=True)
 class Partition:
     """One partition of a table: an hour, ``ds=<ds>/hour=<hour>``, or a day, ``ds=<ds>``.
@@ -112,20 +114,11 @@ class Partition:
     def path(self, root: Path) -> Path:
         return root / self.relpath
 
-    def _key(self) -> tuple[str, int]:
-        return (self.ds, -1 if self.hour is None else self.hour)
-
     def __lt__(self, other: Partition) -> bool:
-        return self._key() < other._key()
-
-    def __le__(self, other: Partition) -> bool:
-        return self._key() <= other._key()
-
-    def __gt__(self, other: Partition) -> bool:
-        return self._key() > other._key()
-
-    def __ge__(self, other: Partition) -> bool:
-        return self._key() >= other._key()
+        return (self.ds, -1 if self.hour is None else self.hour) < (
+            other.ds,
+            -1 if other.hour is None else other.hour,
+        )
 
     def __str__(self) -> str:
         return self.relpath

@@ -223,10 +223,14 @@ def refuse_foreign_table(table_dir: Path) -> None:
     """ConfigError when ``table_dir`` holds Parquet files recd did not write (a ``parquet``
     table): the ETL never writes into another tool's table, not even its lock file."""
     if table_dir.is_dir() and table_format(table_dir) == "parquet":
-        raise ConfigError(
-            f"{table_dir}: holds Parquet files that recd did not write (no Iceberg metadata, "
-            "no _SUCCESS partitions); write the ETL's table to another directory"
-        )
+        raise _foreign_table(table_dir)
+
+
+def _foreign_table(table_dir: Path) -> ConfigError:
+    return ConfigError(
+        f"{table_dir}: holds Parquet files that recd did not write (no Iceberg metadata, "
+        "no _SUCCESS partitions); write the ETL's table to another directory"
+    )
 
 
 def resolve_table_format(table_dir: Path, requested: str | None) -> str:
@@ -238,7 +242,7 @@ def resolve_table_format(table_dir: Path, requested: str | None) -> str:
     if existing is None:
         return requested or "iceberg"
     if existing == "parquet":
-        refuse_foreign_table(table_dir)
+        raise _foreign_table(table_dir)
     if requested is not None and requested != existing:
         hint = " (convert it with `recd table migrate`)" if existing == "hive" else ""
         raise ConfigError(

@@ -18,8 +18,10 @@ analytic model uses are not estimated: its measured factors do not need them).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -44,8 +46,35 @@ def infer_catalogue(
     """A catalogue of the listed columns, measured on ``files`` (see the module docstring).
 
     ``history``: groups of sparse features that are histories (one group per set that
-    changes together); SchemaError for a name that is not in ``sparse``.
+    changes together); SchemaError for a name that is not in ``sparse``. A trainer builds
+    several plans of one table (training, held-out, audit): the measurement is kept per
+    process for the same files (path, size, mtime) and columns.
     """
+    key = (
+        tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files),
+        tuple(labels),
+        tuple(dense),
+        tuple(sparse),
+        tuple(tuple(g) for g in history),
+    )
+    if key not in _MEASURED:
+        if len(_MEASURED) >= 8:
+            _MEASURED.clear()
+        _MEASURED[key] = _measure(files, metas, labels, dense, sparse, history)
+    return copy.deepcopy(_MEASURED[key])
+
+
+_MEASURED: dict[tuple[Any, ...], Catalogue] = {}
+
+
+def _measure(
+    files: Sequence[Path],
+    metas: Sequence[pq.FileMetaData],
+    labels: Sequence[str],
+    dense: Sequence[str],
+    sparse: Sequence[str],
+    history: Sequence[Sequence[str]],
+) -> Catalogue:
     group_of: dict[str, str | None] = {}
     for i, group in enumerate(history):
         for name in group:

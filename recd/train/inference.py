@@ -37,6 +37,7 @@ from recd.errors import ConfigError, RecdError
 from recd.models import DLRM
 from recd.progress import progress_bar
 from recd.reader import ReaderConfig, ResumableLoader, build_plan
+from recd.reader.plan import ReadPlan
 from recd.schema import RESERVED_COLUMNS, Catalogue
 from recd.tensors.batch import Batch
 from recd.train.checkpointing import read_checkpoint_flat
@@ -134,10 +135,10 @@ class PredictReport:
     """Mean BCE of the logits against the labels (None: no rows)."""
 
 
-def _id_stream(config: ReaderConfig, columns: list[str]) -> Iterator[pa.Table]:
-    """``columns`` of every row group the reader reads, in its order."""
+def _id_stream(plan: ReadPlan, columns: list[str]) -> Iterator[pa.Table]:
+    """``columns`` of every row group the plan's reader reads, in its order."""
     files: dict[str, pq.ParquetFile] = {}
-    for unit in build_plan(config).units:
+    for unit in plan.units:
         file = files.get(unit.path) or files.setdefault(unit.path, pq.ParquetFile(unit.path))
         yield file.read_row_group(unit.row_group, columns=columns)
 
@@ -190,7 +191,7 @@ def predict_table(
     plan = build_plan(reader)
     present = set(pq.read_schema(plan.units[0].path).names) if plan.units else set()
     id_columns = [c for c in RESERVED_COLUMNS if c in present]  # a plain table may lack some
-    ids = _Rows(_id_stream(reader, [*id_columns, *labels]))
+    ids = _Rows(_id_stream(plan, [*id_columns, *labels]))
     fields = [pa.field(name, pa.int64()) for name in id_columns]
     fields += [pa.field(name, pa.float32()) for name in labels]
     for name in labels:
@@ -200,7 +201,7 @@ def predict_table(
     out.parent.mkdir(parents=True, exist_ok=True)
     rows, loss_sum = 0, 0.0
     total = sum(unit.num_rows for unit in plan.units)
-    loader = ResumableLoader(reader)
+    loader = ResumableLoader(reader, plan=plan)
     with replacing(out) as tmp, pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
         bar = (
             progress_bar(desc="predict", total=total, unit="row")
