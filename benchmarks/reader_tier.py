@@ -2,6 +2,7 @@
 trainer loop on the same machine.
 
     python benchmarks/reader_tier.py                 # rm1-like, 100k rows, batch 2048 (minutes)
+    python benchmarks/reader_tier.py --profile clickstream   # the shape of a real session log
     python benchmarks/reader_tier.py --quick         # 8k rows, batch 512, 1 repetition (CI size)
 
 Data: the rm1-like profile's clustered table (as ``benchmarks/reader.py`` builds it; reused from
@@ -34,7 +35,11 @@ order drawn at random per repetition (seeded, recorded). Figures are medians wit
 the repetitions; failed passes are counted. Recorded: rows read of rows in the table, batch size,
 step time, repetitions, cores, load average before and after, the orders and the command.
 
-Writes benchmarks/results/reader_tier.json, .md and .png (``--quick``: reader_tier_quick.*).
+Each tier's samples/s is also given over the inline reader's in the same repetition (paired),
+median and min-max, "indistinguishable" when the range holds 1.
+
+Writes benchmarks/results/reader_tier.json, .md and .png (``--profile clickstream``:
+reader_tier_clickstream.*; ``--quick``: reader_tier_quick.*).
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -103,7 +110,7 @@ def timed_pass(config: ReaderConfig, step_s: float) -> dict[str, Any]:
     }
 
 
-def wire_sizes(config: ReaderConfig, max_batches: int) -> dict[str, float]:
+def wire_sizes(config: ReaderConfig, max_batches: int | None) -> dict[str, float]:
     pickled, tensors = [], []
     for i, batch in enumerate(iter_batches(config)):
         if i == max_batches:
@@ -209,6 +216,19 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "failed_passes": failures[name],
             "first_pass_s": warm[name]["wall_s"],
         }
+        paired = [  # same repetition: this tier's samples/s over the inline reader's
+            p["samples_per_s"] / i["samples_per_s"]
+            for p, i in zip(ps, passes["inline"], strict=False)
+            if i["samples_per_s"] > 0
+        ]
+        if paired and name != "inline":
+            ratio = {"median": statistics.median(paired), "min": min(paired), "max": max(paired)}
+            ratio["verdict"] = (
+                "indistinguishable"
+                if ratio["min"] <= 1.0 <= ratio["max"]
+                else ("faster" if ratio["min"] > 1.0 else "slower")
+            )
+            figures[name]["vs_inline"] = ratio
     ikjt = wire_sizes(base, args.wire_batches)
     kjt = wire_sizes(dataclasses.replace(base, dedup_sparse_features=[]), args.wire_batches)
     table_rows = sum(unit.num_rows for unit in build_plan(base).units)
@@ -227,6 +247,11 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "reps": args.reps,
             "orders": orders,
             "cores": cores,
+            "threads": {
+                "torch": torch.get_num_threads(),
+                "pyarrow_cpu": pa.cpu_count(),
+                "pyarrow_io": pa.io_thread_count(),
+            },
             "ray_cpus": args.ray_cpus,
             "ray_chunk_batches": base.ray_chunk_batches,
             "ray_start_s": ray_start_s,
@@ -256,14 +281,21 @@ def markdown(r: dict[str, Any]) -> str:
         f"{' (calibrated: the inline read time per batch)' if p['step_calibrated'] else ''}, "
         f"{p['reps']} repetitions, {p['cores']} cores; medians (min-max).",
         "",
-        "| tier | samples/s | per core | stall fraction | first pass (s) | failed |",
-        "|---|---|---|---|---|---|",
+        "| tier | samples/s | per core | vs inline (paired) | stall fraction | first pass (s) "
+        "| failed |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, f in r["tiers"].items():
         s, c, st = f["samples_per_s"], f["samples_per_s_per_core"], f["stall_fraction"]
+        v = f.get("vs_inline")
+        versus = (
+            "-"
+            if v is None
+            else f"{v['median']:.2f}x ({v['min']:.2f}-{v['max']:.2f}, {v['verdict']})"
+        )
         lines.append(
             f"| {name} | {s['median']:,.0f} ({s['min']:,.0f}-{s['max']:,.0f}) | "
-            f"{c['median']:,.0f} | {st['median']:.2f} ({st['min']:.2f}-{st['max']:.2f}) | "
+            f"{c['median']:,.0f} | {versus} | {st['median']:.2f} ({st['min']:.2f}-{st['max']:.2f}) | "
             f"{f['first_pass_s']:.1f} | {f['failed_passes']} |"
         )
     w = r["wire"]
@@ -272,7 +304,8 @@ def markdown(r: dict[str, Any]) -> str:
         f"Bytes per batch sent to the trainer (pickled): IKJT {w['ikjt']['pickled_bytes_per_batch']:,.0f}, "
         f"KJT {w['kjt']['pickled_bytes_per_batch']:,.0f}: KJT / IKJT = "
         f"{w['wire_ratio_kjt_over_ikjt']:.2f}x (tensors only: "
-        f"{w['tensor_ratio_kjt_over_ikjt']:.2f}x). Ray cluster start: "
+        f"{w['tensor_ratio_kjt_over_ikjt']:.2f}x; {w['ikjt']['batches']} batches, the whole "
+        f"table unless --wire-batches). Ray cluster start: "
         f"{p['ray_start_s']:.1f} s (once per job).",
     ]
     return "\n".join(lines)
@@ -309,7 +342,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    parser.add_argument("--profile", default="rm1-like")
+    parser.add_argument("--profile", default="rm1-like", choices=["rm1-like", "clickstream"])
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--batch-size", type=int, default=2048)
     parser.add_argument("--num-shards", type=int, default=8)
@@ -321,7 +354,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--step-ms", type=float, default=None, help="trainer step (default: calibrated)"
     )
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--wire-batches", type=int, default=8)
+    parser.add_argument(
+        "--wire-batches", type=int, default=None, help="batches measured (default: all)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None)
@@ -340,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         work = args.work_dir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         result = run(args, work)
-    out = args.out or RESULTS / ("reader_tier_quick.json" if args.quick else "reader_tier.json")
+    stem = "reader_tier" if args.profile == "rm1-like" else f"reader_tier_{args.profile}"
+    out = args.out or RESULTS / (f"{stem}_quick.json" if args.quick else f"{stem}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(result) + "\n")

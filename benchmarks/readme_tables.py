@@ -19,6 +19,11 @@ sections = [
         "Reader tiers: in-process, DataLoader workers, Ray Data workers",
         "reader_tier.png",
     ),
+    (
+        "reader_tier_clickstream",
+        "Reader tiers on the clickstream profile",
+        "reader_tier_clickstream.png",
+    ),
     ("trainer", "Trainer: the RM1 ablation (O5-O7)", "trainer.png"),
     ("checkpoint", "Checkpoints", None),
     ("recovery", "Failure recovery", None),
