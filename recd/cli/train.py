@@ -81,6 +81,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument(
+        "--recovery",
+        choices=["restart", "survivor"],
+        default="restart",
+        help=(
+            "with --nproc N > 1, what happens when a worker dies: restart = torchrun "
+            "(--max-restarts: every worker restarts from the newest checkpoint); survivor = "
+            "the other workers keep their state and a replacement joins them at their step "
+            "(recd's launcher, one machine; falls back to the restart when it cannot)"
+        ),
+    )
+    parser.add_argument(
+        "--no-spare",
+        action="store_true",
+        help="with --recovery survivor: no warm spare process (a replacement starts cold)",
+    )
+    parser.add_argument(
         "--resume",
         action="store_true",
         help=(
@@ -113,6 +129,10 @@ def run_train(args: argparse.Namespace) -> int:
     from recd.train.run import run_training
     from recd.train.signals import forward_signals_to_workers
 
+    if os.environ.get("RECD_RECOVERY_ROLE") == "spare":
+        from recd.train.agent import wait_as_spare
+
+        wait_as_spare()  # a warm spare: becomes a replacement rank when assigned one
     config = load_train_config(args.config)
     if args.steps is not None:
         if args.steps < 1:
@@ -136,6 +156,24 @@ def run_train(args: argparse.Namespace) -> int:
         node_rank=getattr(args, "node_rank", 0),
         rdzv_endpoint=getattr(args, "rdzv_endpoint", None),
     )
+    recovery = getattr(args, "recovery", "restart")
+    if recovery == "survivor" and not in_torchrun():
+        if nproc < 2 or nodes.multi:
+            raise ConfigError(
+                "--recovery survivor: needs --nproc N > 1 on one machine (--nnodes 1)"
+            )
+        from recd.train.agent import AgentConfig, run_agent
+
+        with _launcher_owns(config, True):
+            return run_agent(
+                AgentConfig(
+                    nproc=nproc,
+                    recd_args=_worker_args(args),
+                    checkpoint_dir=Path(config.checkpoint_dir).resolve(),
+                    max_restarts=getattr(args, "max_restarts", 0),
+                    spare=not getattr(args, "no_spare", False),
+                )
+            )
     if in_torchrun():
         config.train.world_size = int(os.environ["WORLD_SIZE"])
     elif nproc > 1 or nodes.multi:

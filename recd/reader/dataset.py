@@ -221,6 +221,29 @@ class ResumableLoader:
             sum(self.epoch_totals(e)) for e in range(self.epoch + 1, self.config.num_epochs)
         )
 
+    @property
+    def position(self) -> int:
+        """Batches handed out since the start of epoch 0 (every epoch counted)."""
+        done = sum(sum(self.epoch_totals(e)) for e in range(min(self.epoch, self.config.num_epochs)))
+        return done + (sum(self._counts) if self.epoch < self.config.num_epochs else 0)
+
+    def seek(self, position: int) -> None:
+        """Move to :attr:`position` ``position`` without reading anything: the next batch is
+        the one a loader that handed out ``position`` batches would hand out next (a rank
+        rejoining a job at another rank's step; no iterator may be open)."""
+        if position < 0:
+            raise ConfigError(f"reader: position {position} is negative")
+        epoch, left = 0, position
+        while epoch < self.config.num_epochs and left >= (total := sum(self.epoch_totals(epoch))):
+            if left == total and epoch == self.config.num_epochs - 1:
+                break
+            left -= total
+            epoch += 1
+        if epoch >= self.config.num_epochs and left:
+            raise ConfigError(f"reader: position {position} is past the last epoch")
+        self.epoch = epoch
+        self._counts = canonical_counts(self.epoch_totals(epoch), left)
+
     def __len__(self) -> int:
         """Batches the next ``for`` yields: :attr:`batches_left`, or every epoch's once the
         loader has finished (it starts over)."""

@@ -577,11 +577,15 @@ class Checkpointer:
     def is_main(self) -> bool:
         return self._trainer is None or self._trainer.is_main
 
-    def attach(self, trainer: Trainer, *, resume: bool = False) -> ResumeInfo:
+    def attach(
+        self, trainer: Trainer, *, resume: bool = False, joining: bool = False
+    ) -> ResumeInfo:
         """Prepare the run directory and, with ``resume``, restore the newest checkpoint.
 
         Every rank must call it (collectives). Without ``resume`` a run directory that
-        already holds checkpoints or loss entries is refused (``ConfigError``).
+        already holds checkpoints or loss entries is refused (``ConfigError``). ``joining``:
+        a replacement rank joining survivors (:mod:`recd.recovery.rejoin`): nothing is
+        restored (the survivors hand over the state), the other ranks run :meth:`rejoin`.
         """
         from recd.train.sharding import logical_layout
 
@@ -598,8 +602,12 @@ class Checkpointer:
 
             self._pg = dist.new_group(backend="gloo", timeout=WRITER_TIMEOUT)
         self._job_tag = self._broadcast(self._job_tag)  # one temp file name for all ranks
-        self._prepare_directory(resume)
-        info = self._resume(trainer) if resume else ResumeInfo(path=None, step=0, fresh_policy=True)
+        self._prepare_directory(resume or joining)
+        info = (
+            self._resume(trainer)
+            if resume and not joining
+            else ResumeInfo(path=None, step=0, fresh_policy=True)
+        )
         self.stats.resume = info
         self.last_saved_step = info.step if info.path is not None else None
         if self.is_main:
@@ -612,6 +620,30 @@ class Checkpointer:
         if signals.stop:
             trainer.request_stop("SIGTERM before the first step: nothing new to checkpoint")
         return info
+
+    def rejoin(self, trainer: Trainer) -> None:
+        """A survivor's side of a replacement's :meth:`attach` (``joining``), in the new
+        process group: the writer's group, the temp-file tag, the set-up barrier and the
+        signal agreement (the same collectives, in the same order)."""
+        import torch.distributed as dist
+
+        self._trainer = trainer
+        self._pg = dist.new_group(backend="gloo", timeout=WRITER_TIMEOUT)
+        self._job_tag = self._broadcast(self._job_tag)
+        self._barrier_main()
+        signals = self._poll_signals(trainer)
+        if signals.stop:
+            trainer.request_stop("SIGTERM during a recovery: nothing new to checkpoint")
+
+    def note_recovery(self, at_step: int, **info: Any) -> None:
+        """Rank 0: an ``{"event": "recovery"}`` record in ``.loss.json`` (the audit trail's
+        entry is in ``.recovery.json``)."""
+        if self._losses is not None:
+            self._losses.write_event("recovery", at_step=at_step, **info)
+
+    def busy(self) -> bool:
+        """Whether a checkpoint write is in flight."""
+        return self._writer.busy
 
     def _prepare_directory(self, resume: bool) -> None:
         """Rank 0: own the directory (its lock, before anything else), refuse to clobber a

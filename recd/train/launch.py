@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -54,6 +55,12 @@ class DistContext:
     """``gloo`` (CPU) or ``nccl`` (GPU)."""
     device: torch.device
     """Where this rank computes."""
+    store: Any = None
+    """The job's rendezvous store (torchrun's or recd's launcher's), unprefixed."""
+    attempt: int = 0
+    """Restarts of the whole worker group before this one (torchrun's restart count)."""
+    generation: int = 0
+    """Survivor-recovery generation this process joined first (0 unless a replacement)."""
 
     @property
     def is_main(self) -> bool:
@@ -198,18 +205,37 @@ def init_distributed(device: str = "auto") -> DistContext:
     else:
         target = torch.device("cpu")
         backend = "gloo"
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    generation = int(os.environ.get("RECD_RECOVERY_GENERATION", "0"))
+    base = None
     if not dist.is_initialized():
         # After an elastic restart the rendezvous store still holds the previous attempt's
         # keys, and a plain env:// init under gloo never connects: give every attempt its own
-        # key prefix (the same symptom as pytorch/pytorch#167288 with NCCL).
+        # key prefix (the same symptom as pytorch/pytorch#167288 with NCCL); survivor
+        # recovery adds a generation per replacement (recd.recovery.rejoin).
         from torch.distributed.rendezvous import rendezvous
 
-        store, _, _ = next(rendezvous("env://", rank=rank, world_size=world_size))
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        store = dist.PrefixStore(f"recd/attempt_{attempt}", store)
-        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size)
+        base, _, _ = next(rendezvous("env://", rank=rank, world_size=world_size))
+        prefix = f"recd/attempt_{attempt}"
+        timeout = None
+        if os.environ.get("RECD_RECOVERY") == "survivor":
+            prefix += f"/gen_{generation}/pg"
+            import datetime
+
+            timeout = datetime.timedelta(seconds=120)  # the backstop of a silent peer
+        store = dist.PrefixStore(prefix, base)
+        dist.init_process_group(
+            backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout
+        )
     return DistContext(
-        rank=rank, world_size=world_size, local_rank=local_rank, backend=backend, device=target
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        backend=backend,
+        device=target,
+        store=base,
+        attempt=attempt,
+        generation=generation,
     )
 
 

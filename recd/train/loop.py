@@ -247,6 +247,14 @@ class Trainer:
         """Optimizer steps completed."""
         self._stop_reason: str | None = None
         self._batches: Iterator[Batch] | None = None
+        self.recovery: Any = None
+        """Survivor recovery (:class:`recd.recovery.rejoin.SurvivorRecovery`), or None."""
+        self.checkpointer: Any = None
+        """The run's :class:`recd.train.checkpointing.Checkpointer`, when it has one."""
+        self.planned_total: int | None = None
+        """The step this run trains to (set when :meth:`train` starts, or by a recovery)."""
+        self.reader_offset = 0
+        """Reader position minus step (constant through a run segment)."""
 
         self.catalogue, self.reader_config = prepare_reader(config, self.rank, self.world_size)
         self.loader = ResumableLoader(self.reader_config)
@@ -286,7 +294,12 @@ class Trainer:
         loss = bce_loss(logits, batch.labels)
         self.optimizer.zero_grad()
         loss.backward()
-        self.optimizer.step()
+        if self.recovery is None:
+            self.optimizer.step()
+        else:  # survivor recovery: the update can be taken back (recd.recovery.undo)
+            self.recovery.undo = None
+            self.recovery.undo = self.optimizer.step(capture=True)
+            self.recovery.maybe_kill("after_update")
         if self.dist is None:
             return loss.item(), batch.batch_size
         import torch.distributed as tdist
@@ -368,7 +381,9 @@ class Trainer:
         cfg = self.config.train
         began = time.perf_counter()
         first_step = self.step
-        total = self._planned_steps()
+        total = self._planned_steps() if self.planned_total is None else self.planned_total
+        self.planned_total = total
+        self.reader_offset = self.loader.position - self.step
         run_dir = cfg.run_dir
         if first_step > 0 and first_step >= cfg.steps:
             log.info(
@@ -407,12 +422,22 @@ class Trainer:
             bar.update(first_step)
             while self.step < total and self._stop_reason is None:
                 t0 = time.perf_counter()
-                batch = next(self._batches).to(self.device)
-                loss, rows = self.train_step(batch)
+                try:
+                    batch = next(self._batches).to(self.device)
+                    loss, rows = self.train_step(batch)
+                except Exception as error:
+                    if self.recovery is None or not _peer_failure(error):
+                        raise
+                    self._survive(error)  # back at an agreed step, in a new process group
+                    total = self.planned_total
+                    bar.n = self.step
+                    continue
                 if not (math.isfinite(loss) or cfg.accept_nonfinite):
                     raise self._diverged(self.step + 1, loss)  # the same on every rank
                 dt = time.perf_counter() - t0
                 self.step += 1
+                if self.recovery is not None:
+                    self.recovery.after_step(self.step)
                 losses.append(loss)
                 samples += rows
                 train_s += dt
@@ -454,6 +479,120 @@ class Trainer:
             self._write_outputs(result)
         return result
 
+    # ------------------------------------------------------------------ survivor recovery
+    def _survive(self, error: BaseException) -> None:
+        """A peer died during the step: survivor recovery (:mod:`recd.recovery.rejoin`)."""
+        from recd.errors import RecoveryError
+
+        detected = time.time()
+        log.warning("rank %d: step %d failed (%s): survivor recovery", self.rank, self.step + 1,
+                    str(error).splitlines()[0][:200])
+        try:
+            plan = self.recovery.survive(error, detected_at=detected)
+        except Exception as exc:
+            raise RecoveryError(
+                f"rank {self.rank}: survivor recovery after step {self.step} failed ({exc}); "
+                "the launcher restarts the job from the newest checkpoint"
+            ) from exc
+        self.step = plan.agreed_step
+        self.planned_total = plan.total
+        log.warning("rank %d: recovered at step %d (generation %d)", self.rank, self.step,
+                    plan.generation)
+
+    def checkpoint_busy(self) -> bool:
+        """Whether a checkpoint write is still in flight (its barriers need the dead peer)."""
+        return self.checkpointer is not None and self.checkpointer.busy()
+
+    def newest_checkpoint_step(self) -> int | None:
+        """The step of the newest valid checkpoint on disk (None: none; a checkpoint whose
+        write a dead rank never committed is not one)."""
+        if self.checkpointer is None:
+            return None
+        from recd.checkpoint import newest_valid_checkpoint
+        from recd.checkpoint.format import read_header
+
+        path = newest_valid_checkpoint(self.config.checkpoint_dir, self.checkpointer.layout)
+        return None if path is None else read_header(path)[0]
+
+    def leave_group(self) -> None:
+        """Leave the (broken) process group; the sharded model goes with it."""
+        import torch.distributed as tdist
+
+        close = getattr(self._batches, "close", None)
+        if close is not None:
+            close()
+        self._batches = None
+        self.optimizer.close()
+        if tdist.is_initialized():
+            try:
+                tdist.destroy_process_group()
+            except Exception as exc:  # a broken group may refuse a clean shutdown
+                log.info("leaving the broken process group: %s", exc)
+
+    def join_group(self, store: Any) -> None:
+        """Join the next generation's process group (same rank and world size)."""
+        import datetime
+
+        import torch.distributed as tdist
+
+        assert self.dist is not None
+        tdist.init_process_group(
+            backend=self.dist.backend,
+            store=store,
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=datetime.timedelta(seconds=120),
+        )
+
+    def rebuild_parallel(self) -> None:
+        """Build the sharded model and its optimizer again in the new process group, with
+        the same collectives as a new rank's :meth:`__init__` (the snapshot broadcast, DMP).
+        The weights are placeholders until the caller loads the state."""
+        import torch.distributed as tdist
+        from torchrec.distributed import collective_utils
+
+        agreed: list[int | None] = [self.table_snapshot]
+        tdist.broadcast_object_list(agreed, src=0)
+        # DMP broadcasts a flag on its first construction in a process and caches it: take
+        # part in that broadcast again, with the new rank
+        collective_utils._INITIALIZED = False
+        torch.manual_seed(self.config.train.seed)
+        self.model = DLRM(self.model_config, device=self.device)
+        self.train_model, self.eval_model, self.optimizer = _parallelize(
+            self.model, self.config, self.dist
+        )
+
+    def rejoin_hooks(self) -> None:
+        """The checkpointer's part of a rejoin (its process group, its agreement)."""
+        if self.checkpointer is not None:
+            self.checkpointer.rejoin(self)
+
+    def restart_reader(self, step: int) -> None:
+        """Continue reading at the batch of step ``step + 1``."""
+        self.loader.seek(step + self.reader_offset)
+        self._batches = iter(self.loader)
+
+    def rows_touched(
+        self, first: int, last: int, offset: int, shard_rows: dict[str, list[int]]
+    ) -> dict[str, list[int]]:
+        """Rows of each table block in ``shard_rows`` (name -> [start, end)) that the global
+        batches of steps ``first .. last`` looked up (every rank's batches, read again)."""
+        out: dict[str, set[int]] = {name: set() for name in shard_rows}
+        if last < first:
+            return {name: [] for name in shard_rows}
+        for rank in range(self.world_size):
+            _, config = prepare_reader(self.config, rank, self.world_size)
+            config = dataclasses.replace(config, snapshot=self.table_snapshot)
+            loader = ResumableLoader(config)
+            loader.seek(first - 1 + offset)
+            for batch in itertools.islice(iter(loader), last - first + 1):
+                for name, rows in self.model.touched_rows(batch.sparse).items():
+                    if name in shard_rows:
+                        lo, hi = shard_rows[name]
+                        ids = rows[(rows >= lo) & (rows < hi)]
+                        out[name].update(int(i) for i in ids.tolist())
+        return {name: sorted(rows) for name, rows in out.items()}
+
     def request_stop(self, reason: str) -> None:
         """Stop after the step in flight (called by hooks, e.g. on SIGTERM)."""
         self._stop_reason = reason
@@ -485,7 +624,7 @@ class Trainer:
                 f"train state: optimizer step {state.params.step} != trainer step {state.step}"
             )
         self.optimizer.load_state(state.params)
-        self._read_snapshot(state.reader.get("snapshot"))
+        self.read_snapshot(state.reader.get("snapshot"))
         self.loader.load_state_dict(state.reader)
         torch.set_rng_state(state.rng)
         self.step = state.step
@@ -496,7 +635,7 @@ class Trainer:
         table). A resume reads the snapshot the checkpoint's reader state names."""
         return self.loader.plan.config.snapshot
 
-    def _read_snapshot(self, snapshot: int | None) -> None:
+    def read_snapshot(self, snapshot: int | None) -> None:
         """Read ``snapshot`` of the table (training and held-out readers) from now on: the one
         a checkpoint's reader position belongs to, even if later ETL runs have landed."""
         if snapshot is None or snapshot == self.table_snapshot:
@@ -685,6 +824,12 @@ class _MetricsWriter:
 
 
 # ---------------------------------------------------------------------------- building
+def _peer_failure(error: BaseException) -> bool:
+    from recd.recovery.rejoin import is_peer_failure
+
+    return is_peer_failure(error)
+
+
 def _resolve_device(name: str, dist: DistContext | None) -> torch.device:
     if dist is not None:
         return dist.device

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from recd.checkpoint.lock import lock_run_directory
 from recd.errors import ConfigError
+from recd.recovery.rejoin import ROLE_ENV, SurvivorRecovery, recovery_mode
 from recd.train.checkpointing import Checkpointer
 from recd.train.config import TrainConfig, load_train_config
 from recd.train.launch import (
@@ -67,12 +68,24 @@ def run_training(
             )
         trainer = Trainer(config, dist=dist, hooks=hooks, show_progress=show_progress)
         checkpointer = None
+        recovery = None
+        joining = os.environ.get(ROLE_ENV) == "replacement"
         try:
+            if dist is not None and recovery_mode() == "survivor":
+                recovery = SurvivorRecovery(
+                    trainer, store=dist.store, generation=dist.generation, attempt=dist.attempt
+                )
+                trainer.recovery = recovery
             if use_checkpoints:
                 checkpointer = Checkpointer(config, signals=signals)
-                checkpointer.attach(trainer, resume=resume)
+                trainer.checkpointer = checkpointer
+                checkpointer.attach(trainer, resume=resume, joining=joining)
                 trainer.hooks.append(checkpointer)
+            if joining and recovery is not None:
+                recovery.join()  # the survivors' state, at their step
             result = trainer.train()
+            if recovery is not None:
+                recovery.close()  # the last recovery's audit is written
             if checkpointer is not None:
                 checkpointer.close()  # waits for the write in flight; raises if it failed
             return result

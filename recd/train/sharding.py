@@ -618,6 +618,9 @@ class ShardedAdam:
         ]
         self.step_count = 0
         """Optimizer steps completed."""
+        self.mid_step_hook: Callable[[], None] | None = None
+        """Called inside :meth:`step` between the dense update and the tables' (fault
+        injection for recovery tests)."""
 
     # ------------------------------------------------------------------ training
     def _record_ids(self, kernel: Any, args: tuple[Any, ...]) -> None:
@@ -660,6 +663,8 @@ class ShardedAdam:
                 capture_.run(self.dense)
                 capture_.counter(self, "step_count")
             self.step_count += 1
+            if self.mid_step_hook is not None:
+                self.mid_step_hook()
             hyper = self.embedding_hyper()
             for table, m, v, rows, grad in self._touched_shards():
                 args = (table.weight, m, v, rows, grad.index_select(0, rows))
@@ -831,6 +836,30 @@ class ShardedAdam:
             weights={name: weights[view] for name, view in views.items()},
             adam_m={name: adam_m[view] for name, view in views.items()},
             adam_v={name: adam_v[view] for name, view in views.items()},
+        )
+
+    def load_local(self, shards: list[ParamShard], *, step: int) -> None:
+        """Put back this rank's own blocks (``local_shards(copy=True)`` of an optimizer built
+        with the same plan and world size, e.g. before a survivor rebuilt the sharded model)
+        and the step."""
+        index = {(t.name, t.rows[0], t.cols[0]): i for i, t in enumerate(self.tables)}
+        dense: dict[str, ParamShard] = {}
+        with torch.no_grad():
+            for shard in shards:
+                if shard.name in self.dense.params:
+                    dense[shard.name] = shard
+                    continue
+                i = index[(shard.name, shard.row_start, shard.col_start)]
+                m, v = self._table_moments(i)
+                for target, value in ((self.tables[i].weight, shard.weights), (m, shard.adam_m),
+                                      (v, shard.adam_v)):
+                    target.copy_(value.view(target.shape).to(target.device))
+        names = self.dense.names
+        self.load_dense(
+            step=step,
+            weights={n: dense[n].weights.numpy().reshape(-1) for n in names},
+            adam_m={n: dense[n].adam_m.numpy().reshape(-1) for n in names},
+            adam_v={n: dense[n].adam_v.numpy().reshape(-1) for n in names},
         )
 
     def load_dense(

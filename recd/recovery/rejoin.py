@@ -1,0 +1,577 @@
+"""Survivor recovery inside ``recd train --nproc N --recovery survivor``: the workers' side.
+
+The launcher (:mod:`recd.train.agent`) starts the workers, watches them and, when one dies,
+publishes a failure notice in its store and starts a replacement for the dead rank. The
+survivors do not stop:
+
+1. **Detect.** Every collective of a step (the input and output all-to-alls of the sharded
+   lookups, the gradient all-to-all and DDP's all-reduce in the backward, the loss all-reduce
+   after the update) fails on the survivors once the dead peer's sockets close (gloo).
+   :meth:`Trainer.train` catches that failure when it comes out of the step (forward,
+   backward, update, loss all-reduce) and calls :meth:`SurvivorRecovery.survive`. A failure
+   anywhere else (a checkpoint write, an evaluation, the signal agreement) is not recovered
+   here: the worker exits with :data:`EXIT_FALLBACK` and the launcher restarts the whole group
+   from the newest checkpoint (the elastic restart).
+2. **Agree.** Each survivor reports, through the launcher's store, the last step it
+   completed (update applied *and* loss all-reduced) and how many updates it applied. A step
+   completes only when every rank reached its loss all-reduce, so the survivors normally agree
+   on one step ``k``; those that applied the update of step ``k + 1`` (the peer died during
+   or after its own update, before the loss all-reduce) are one step ahead. Survivors that do
+   not agree (possible with 3+ ranks when a collective completes on some ranks only) fall back
+   to the elastic restart.
+3. **Undo.** A survivor ahead takes its update back with the record the step kept
+   (``ShardedAdam.step(capture=True)``, :mod:`recd.recovery.undo`: bit-exact, no snapshot).
+4. **Rejoin.** Survivors leave the broken process group and join the next generation's
+   (same store, a new key prefix) with the replacement; everyone builds the sharded model
+   again with the same plan (torchrec's DMP is bound to its process group), the survivors
+   put their own state back (their table shards, dense layers, Adam state) and re-position
+   their readers at step ``k``.
+5. **Transfer.** The lowest surviving rank broadcasts the plan (agreed step, planned steps,
+   reader offset, RNG state, newest checkpoint) and the dense layers with their Adam m, v.
+   The replacement loads its own table shard from the newest checkpoint (partial recovery:
+   rows updated after it lose those updates; their number per table and the rows themselves
+   go into the audit trail, computed on a background thread by re-reading the lost steps'
+   batches of every rank) and continues at step ``k + 1`` with everyone.
+
+Every recovery is one JSON line in ``CHECKPOINT_DIR/.recovery.json`` (route, generation,
+failed rank, agreed step, undone steps and whether each undo was exact, the checkpoint the
+dead shard came from, rows that lost updates, ``bit_exact``) and an ``{"event": "recovery"}``
+record in ``.loss.json`` at the agreed step. Timestamped events of every process go to
+``CHECKPOINT_DIR/recovery/events.jsonl`` (the benchmark splits the recovery time from them).
+
+Why by hand: torchrun's elastic agent (and torchelastic's ``LocalElasticAgent`` under it)
+restarts *every* worker when one fails; there is no API to replace one worker while the
+others keep their state, which is the point of survivor recovery. torchft (replica groups
+with a lighthouse) recovers data-parallel replicas, not a sharded model's lost shard.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from recd.errors import RecoveryError
+
+if TYPE_CHECKING:
+    from recd.train.loop import Trainer
+
+__all__ = [
+    "EVENTS_FILE",
+    "EXIT_FALLBACK",
+    "GENERATION_ENV",
+    "KILL_ENV",
+    "MODE_ENV",
+    "RECOVERY_FILE",
+    "ROLE_ENV",
+    "RecoveryPlan",
+    "SurvivorRecovery",
+    "append_event",
+    "is_peer_failure",
+    "read_events",
+    "recovery_mode",
+]
+
+log = logging.getLogger(__name__)
+
+MODE_ENV = "RECD_RECOVERY"
+"""``survivor`` in the workers of ``recd train --recovery survivor``."""
+ROLE_ENV = "RECD_RECOVERY_ROLE"
+"""``worker`` (started with the job or by a restart), ``replacement`` or ``spare``."""
+GENERATION_ENV = "RECD_RECOVERY_GENERATION"
+"""The process group generation a worker joins first (0, then +1 per survivor recovery)."""
+KILL_ENV = "RECD_TEST_KILL"
+"""Fault injection for tests and the benchmark: ``GEN:RANK:STEP:PHASE[,...]``: the worker
+started in generation GEN as rank RANK SIGKILLs itself in step STEP at PHASE (``forward``,
+``lookup``, ``backward``, ``optimizer``, ``after_update``, ``recovery``), in the first
+attempt only (not after an elastic restart)."""
+EXIT_FALLBACK = 75
+"""A worker's exit code when survivor recovery is impossible: the launcher restarts everyone."""
+RECOVERY_FILE = ".recovery.json"
+"""The run's recovery audit trail (JSON Lines), next to ``.loss.json``."""
+EVENTS_FILE = "recovery/events.jsonl"
+
+PHASES = ("forward", "lookup", "backward", "optimizer", "after_update", "recovery")
+_TIMEOUT = datetime.timedelta(seconds=60)
+
+
+def recovery_mode() -> str | None:
+    """``survivor`` when this worker runs under the survivor-recovery launcher, else None."""
+    return os.environ.get(MODE_ENV) or None
+
+
+def is_peer_failure(error: BaseException) -> bool:
+    """Whether ``error`` is a failed collective (a peer is gone), not a bug of this rank."""
+    if isinstance(error, torch.distributed.DistError):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(
+        marker in text
+        for marker in (
+            "Connection closed by peer",
+            "Connection reset by peer",
+            "Broken pipe",
+            "Gloo",
+            "gloo",
+            "ProcessGroup",
+        )
+    )
+
+
+def append_event(run_dir: Path, event: str, **fields: Any) -> None:
+    """One timestamped line in ``RUN_DIR/recovery/events.jsonl`` (one O_APPEND write)."""
+    path = Path(run_dir) / EVENTS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"t": time.time(), "pid": os.getpid(), "event": event, **fields}
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    """Every recovery event of the run, in time order."""
+    path = Path(run_dir) / EVENTS_FILE
+    if not path.exists():
+        return []
+    events = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return sorted(events, key=lambda e: e["t"])
+
+
+def append_record(run_dir: Path, record: dict[str, Any]) -> None:
+    """Append one recovery to ``RUN_DIR/.recovery.json`` (flushed and fsynced)."""
+    with (Path(run_dir) / RECOVERY_FILE).open("a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@dataclass(kw_only=True, slots=True)
+class RecoveryPlan:
+    """What the lowest surviving rank tells everyone after the agreement."""
+
+    generation: int
+    """The generation being joined."""
+    failed_ranks: list[int]
+    survivors: list[int]
+    agreed_step: int
+    """The step every rank continues from (completed by every survivor)."""
+    step_in_flight: int
+    """The step that was running when the peer died (redone by everyone)."""
+    undone: list[dict[str, Any]]
+    """One entry per survivor that took its update of ``agreed_step + 1`` back."""
+    total: int
+    """The step the job trains to (its planned steps)."""
+    reader_offset: int
+    """Reader position minus step (batches handed out before step 0 of this run segment)."""
+    rng: str
+    """``torch.get_rng_state()`` of the lowest survivor, base64 (the same on every rank)."""
+    checkpoint_step: int | None
+    """The newest checkpoint written and committed (None: none yet)."""
+    detected_at: float
+    """When the first survivor caught the failure (epoch seconds)."""
+    snapshot: int | None = None
+    """The Iceberg snapshot the survivors read (None: not an Iceberg table)."""
+
+
+@dataclass(slots=True)
+class _Kill:
+    generation: int
+    rank: int
+    step: int
+    phase: str
+
+
+def _parse_kills(text: str) -> list[_Kill]:
+    kills = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        parts = item.split(":")
+        if len(parts) != 4 or parts[3] not in PHASES:
+            raise RecoveryError(
+                f"{KILL_ENV}: expected GEN:RANK:STEP:PHASE with PHASE one of {PHASES}, got {item!r}"
+            )
+        kills.append(_Kill(int(parts[0]), int(parts[1]), int(parts[2]), parts[3]))
+    return kills
+
+
+@dataclass(slots=True)
+class _Progress:
+    completed: int
+    applied: int
+
+
+class SurvivorRecovery:
+    """Survivor recovery of one worker of ``recd train --recovery survivor``.
+
+    Made by :func:`recd.train.run.run_training` for every worker; the trainer keeps
+    :attr:`undo` (the record of its last update) and calls :meth:`survive` when a step's
+    collective fails; a replacement calls :meth:`join` before training.
+    """
+
+    def __init__(self, trainer: Trainer, *, store: Any, generation: int, attempt: int) -> None:
+        if trainer.dist is None:
+            raise RecoveryError("survivor recovery needs a multi-process job (--nproc N > 1)")
+        self.trainer = trainer
+        self.store = store
+        """The launcher's store (unprefixed by generation)."""
+        self.generation = generation
+        self.start_generation = generation
+        self.attempt = attempt
+        self.run_dir = Path(trainer.config.checkpoint_dir)
+        self.undo: Any = None
+        """The undo record of this rank's last update (``ShardedAdam.step(capture=True)``)."""
+        self.recoveries = 0
+        self._dense_kept: torch.Tensor | None = None
+        self._first_step_due = False
+        self._audit_thread: threading.Thread | None = None
+        self._kills = [
+            k
+            for k in _parse_kills(os.environ.get(KILL_ENV, ""))
+            if attempt == 0 and k.generation == generation and k.rank == trainer.rank
+        ]
+        self._hooks: list[Any] = []
+        self._install_kills()
+
+    # ------------------------------------------------------------------ fault injection
+    def _kill_now(self, phase: str, step: int) -> None:
+        append_event(self.run_dir, "kill", rank=self.trainer.rank, step=step, phase=phase)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def maybe_kill(self, phase: str) -> None:
+        """SIGKILL this process if a test asked for it here (``RECD_TEST_KILL``)."""
+        step = self.trainer.step + 1
+        for k in self._kills:
+            if k.phase == phase and k.step == step:
+                self._kill_now(phase, step)
+
+    def _install_kills(self) -> None:
+        trainer = self.trainer
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        phases = {k.phase for k in self._kills}
+        if "forward" in phases:
+            self._hooks.append(
+                trainer.train_model.register_forward_pre_hook(
+                    lambda m, a: self.maybe_kill("forward") if m.training else None
+                )
+            )
+        if "backward" in phases:
+
+            def on_output(module: Any, args: Any, out: torch.Tensor) -> None:
+                if module.training and out.requires_grad:
+                    out.register_hook(lambda g: self.maybe_kill("backward"))
+
+            self._hooks.append(trainer.train_model.register_forward_hook(on_output))
+        if "lookup" in phases:
+            kernels = {id(t.kernel): t.kernel for t in trainer.optimizer.tables}
+            for kernel in kernels.values():
+                self._hooks.append(
+                    kernel.register_forward_pre_hook(
+                        lambda m, a: self.maybe_kill("lookup") if m.training else None
+                    )
+                )
+        if "optimizer" in phases:
+            trainer.optimizer.mid_step_hook = lambda: self.maybe_kill("optimizer")
+
+    # ------------------------------------------------------------------ survivors
+    def _key(self, generation: int, name: str) -> str:
+        return f"recd/attempt_{self.attempt}/gen_{generation}/{name}"
+
+    def survive(self, error: BaseException, *, detected_at: float) -> RecoveryPlan:
+        """After a failed collective in step ``trainer.step + 1``: agree, undo, rejoin,
+        transfer. Returns the plan; the trainer continues at ``plan.agreed_step``. Raises
+        :class:`RecoveryError` when survivor recovery is impossible (the caller exits with
+        :data:`EXIT_FALLBACK`)."""
+        trainer = self.trainer
+        gen = self.generation
+        append_event(self.run_dir, "detect", rank=trainer.rank, gen=gen, step=trainer.step)
+        self.maybe_kill("recovery")
+        if trainer.checkpoint_busy():
+            raise RecoveryError(
+                f"rank {trainer.rank}: a checkpoint write was in flight when a peer died"
+            )
+        failure = self._wait_json(self._key(gen, "failure"), "the launcher's failure notice")
+        failed = [int(r) for r in failure["failed_ranks"]]
+        survivors = [r for r in range(trainer.world_size) if r not in failed]
+        mine = _Progress(completed=trainer.step, applied=int(trainer.optimizer.step_count))
+        self.store.set(self._key(gen, f"report/{trainer.rank}"), json.dumps(asdict(mine)))
+        reports = {
+            r: _Progress(**self._wait_json(self._key(gen, f"report/{r}"), f"rank {r}'s report"))
+            for r in survivors
+        }
+        completed = {p.completed for p in reports.values()}
+        if len(completed) != 1:
+            raise RecoveryError(
+                f"survivors completed different steps {sorted(completed)}: no common step"
+            )
+        agreed = completed.pop()
+        undone: list[dict[str, Any]] = []
+        if mine.applied == agreed + 1:
+            record = self.undo
+            if record is None or record.step != mine.applied:
+                raise RecoveryError(
+                    f"rank {trainer.rank}: applied step {mine.applied} but holds no undo record"
+                )
+            began = time.perf_counter()
+            result = record.undo()
+            undone.append(
+                {
+                    "rank": trainer.rank,
+                    "step": agreed + 1,
+                    "exact": result.exact,
+                    "seconds": time.perf_counter() - began,
+                }
+            )
+        elif mine.applied != agreed:
+            raise RecoveryError(
+                f"rank {trainer.rank}: {mine.applied} updates applied, agreed step {agreed}"
+            )
+        self.undo = None
+        self.store.set(self._key(gen, f"undone/{trainer.rank}"), json.dumps(undone))
+        append_event(self.run_dir, "agreed", rank=trainer.rank, gen=gen, step=agreed)
+        plan: RecoveryPlan | None = None
+        if trainer.rank == min(survivors):
+            every = [
+                u
+                for r in survivors
+                for u in self._wait_json(self._key(gen, f"undone/{r}"), f"rank {r}'s undo")
+            ]
+            plan = RecoveryPlan(
+                generation=gen + 1,
+                failed_ranks=failed,
+                survivors=survivors,
+                agreed_step=agreed,
+                step_in_flight=agreed + 1,
+                undone=every,
+                total=trainer.planned_total,
+                reader_offset=trainer.reader_offset,
+                rng=_encode(torch.get_rng_state()),
+                checkpoint_step=trainer.newest_checkpoint_step(),
+                detected_at=detected_at,
+                snapshot=trainer.table_snapshot,
+            )
+        own = trainer.optimizer.local_shards(copy=True)
+        trainer.leave_group()
+        self.generation = gen + 1
+        trainer.join_group(self._join_store(self.generation))
+        append_event(self.run_dir, "rendezvous", rank=trainer.rank, gen=self.generation)
+        rng = torch.get_rng_state()
+        trainer.rebuild_parallel()
+        torch.set_rng_state(rng)
+        trainer.optimizer.load_local(own, step=agreed)
+        del own
+        trainer.rejoin_hooks()
+        plan = self._exchange(plan)
+        trainer.restart_reader(agreed)
+        self._install_kills()
+        self.recoveries += 1
+        self._first_step_due = True
+        append_event(self.run_dir, "loaded", rank=trainer.rank, gen=self.generation, step=agreed)
+        return plan
+
+    def _join_store(self, generation: int) -> Any:
+        prefix = f"recd/attempt_{self.attempt}/gen_{generation}/pg"
+        return torch.distributed.PrefixStore(prefix, self.store)
+
+    def _wait_json(self, key: str, what: str) -> Any:
+        try:
+            self.store.wait([key], _TIMEOUT)
+        except Exception as exc:  # a timeout, or the launcher is gone
+            raise RecoveryError(f"survivor recovery: no {what} ({key}): {exc}") from exc
+        return json.loads(self.store.get(key))
+
+    # ------------------------------------------------------------------ everyone
+    def _exchange(self, plan: RecoveryPlan | None) -> RecoveryPlan:
+        """The plan and the dense state from the lowest surviving rank (collectives: every
+        rank of the new generation, survivors and replacement, calls this once)."""
+        import torch.distributed as dist
+
+        trainer = self.trainer
+        box: list[Any] = [None if plan is None else asdict(plan)]
+        src = _plan_source(self.store, self._key(self.generation, "source"), plan, trainer.rank)
+        dist.broadcast_object_list(box, src=src)
+        agreed = RecoveryPlan(**box[0])
+        opt = trainer.optimizer
+        flat = _dense_flat(opt)
+        dist.broadcast(flat, src=src)
+        _load_dense_flat(opt, flat, step=agreed.agreed_step)
+        self._dense_kept = flat
+        if trainer.checkpointer is not None:
+            trainer.checkpointer.note_recovery(
+                agreed.agreed_step,
+                route="survivor",
+                generation=agreed.generation,
+                failed_ranks=agreed.failed_ranks,
+            )
+        return agreed
+
+    # ------------------------------------------------------------------ replacement
+    def join(self) -> RecoveryPlan:
+        """The replacement's side of :meth:`survive`, after its trainer and checkpointer
+        were built in the new generation: receive the plan and the dense state, load its own
+        table shard from the newest checkpoint, take the agreed step and reader position."""
+        from recd.checkpoint import checkpoint_path, read_checkpoint
+
+        trainer = self.trainer
+        append_event(self.run_dir, "rendezvous", rank=trainer.rank, gen=self.generation)
+        began = time.perf_counter()
+        opt = trainer.optimizer
+        ckpt_step = None
+        source = "initial weights (no checkpoint yet)"
+        plan = self._exchange(None)
+        # the checkpoint's blocks hold the dense layers too: the survivor's go over them
+        if plan.checkpoint_step is not None:
+            path = checkpoint_path(self.run_dir, plan.checkpoint_step)
+            ckpt = read_checkpoint(path, opt.layout)
+            opt.load_flat(step=plan.agreed_step, weights=ckpt.weights, adam_m=ckpt.adam_m,
+                          adam_v=ckpt.adam_v)
+            ckpt_step, source = int(ckpt.step), path.name
+        else:  # the tables restart from the seed's initial weights, zero moments
+            zeros = [np.zeros(opt.layout.n_params, np.float32) for _ in range(2)]
+            own = _local_weights(opt)
+            opt.load_flat(step=plan.agreed_step, weights=own, adam_m=zeros[0], adam_v=zeros[1])
+        assert self._dense_kept is not None
+        _load_dense_flat(opt, self._dense_kept, step=plan.agreed_step)
+        self._dense_kept = None
+        load_s = time.perf_counter() - began
+        trainer.step = plan.agreed_step
+        trainer.planned_total = plan.total
+        trainer.reader_offset = plan.reader_offset
+        trainer.loader.seek(plan.agreed_step + plan.reader_offset)
+        torch.set_rng_state(_decode(plan.rng))
+        append_event(
+            self.run_dir, "loaded", rank=trainer.rank, gen=self.generation, step=plan.agreed_step
+        )
+        if plan.snapshot != trainer.table_snapshot:
+            trainer.read_snapshot(plan.snapshot)
+        self._start_audit(plan, ckpt_step, source, load_s)
+        self._first_step_due = True
+        return plan
+
+    def after_step(self, step: int) -> None:
+        """Called after every completed step: the first one after a recovery is announced
+        (the launcher's sign that the recovery is over; an event for the timeline)."""
+        if not self._first_step_due:
+            return
+        self._first_step_due = False
+        append_event(self.run_dir, "step", rank=self.trainer.rank, gen=self.generation, step=step)
+        self.store.add(self._key(self.generation, "first_step"), 1)
+
+    # ------------------------------------------------------------------ the audit
+    def _start_audit(
+        self, plan: RecoveryPlan, ckpt_step: int | None, source: str, load_s: float
+    ) -> None:
+        trainer = self.trainer
+        shard_rows = {t.name: [t.rows[0], t.rows[1]] for t in trainer.optimizer.tables}
+        first = (ckpt_step or 0) + 1
+        last = plan.agreed_step
+
+        def run() -> None:
+            lost = trainer.rows_touched(first, last, plan.reader_offset, shard_rows)
+            rows_lost = sum(len(r) for r in lost.values())
+            record = {
+                "event": "survivor_recovery",
+                "route": "survivor",
+                "time": time.time(),
+                "generation": plan.generation,
+                "failed_ranks": plan.failed_ranks,
+                "survivors": plan.survivors,
+                "agreed_step": plan.agreed_step,
+                "step_in_flight": plan.step_in_flight,
+                "steps_lost": 0,
+                "steps_redone": 1,
+                "undone": plan.undone,
+                "dense_source": f"rank {min(plan.survivors)} (survivor, no checkpoint read)",
+                "embedding_source": source,
+                "embedding_checkpoint_step": ckpt_step,
+                "shard_rows": shard_rows,
+                "rows_lost_updates": {k: len(v) for k, v in lost.items()},
+                "lost_rows": {k: v for k, v in lost.items() if v},
+                "replacement_load_s": load_s,
+                "bit_exact": rows_lost == 0 and all(u["exact"] for u in plan.undone),
+            }
+            append_record(self.run_dir, record)
+            append_event(self.run_dir, "audit", rank=trainer.rank, rows_lost=rows_lost)
+
+        self._audit_thread = threading.Thread(target=run, name="recd-recovery-audit")
+        self._audit_thread.start()
+
+    def close(self) -> None:
+        """Wait for the audit of the last recovery (written before the job ends)."""
+        if self._audit_thread is not None:
+            self._audit_thread.join()
+            self._audit_thread = None
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _plan_source(store: Any, key: str, plan: RecoveryPlan | None, rank: int) -> int:
+    """The rank that broadcasts the plan: the one holding it announces itself in the store."""
+    if plan is not None:
+        store.set(key, str(rank))
+    store.wait([key], _TIMEOUT)
+    return int(store.get(key))
+
+
+def _dense_flat(opt: Any) -> torch.Tensor:
+    """Every dense parameter's weights, Adam m and v, flat (float32)."""
+    m = opt.dense.moments("adam_m")
+    v = opt.dense.moments("adam_v")
+    parts = []
+    for name in opt.dense.names:
+        parts += [
+            opt.dense.params[name].detach().reshape(-1),
+            m[name].reshape(-1),
+            v[name].reshape(-1),
+        ]
+    return torch.cat([p.to("cpu", torch.float32) for p in parts])
+
+
+def _load_dense_flat(opt: Any, flat: torch.Tensor, *, step: int) -> None:
+    weights, adam_m, adam_v = {}, {}, {}
+    at = 0
+    for name in opt.dense.names:
+        n = opt.dense.params[name].numel()
+        for target in (weights, adam_m, adam_v):
+            target[name] = flat[at : at + n].numpy()
+            at += n
+    opt.load_dense(step=step, weights=weights, adam_m=adam_m, adam_v=adam_v)
+
+
+def _local_weights(opt: Any) -> np.ndarray:
+    """A full-size logical weight array holding this rank's live blocks (others zero)."""
+    out = np.zeros(opt.layout.n_params, np.float32)
+    for shard in opt.local_shards(copy=True):
+        base = opt.layout.offset_of(shard.name)
+        flat = shard.weights.numpy().reshape(-1)
+        at = 0
+        for a, b in shard.element_ranges():
+            out[base + a : base + b] = flat[at : at + b - a]
+            at += b - a
+    return out
+
+
+def _encode(state: torch.Tensor) -> str:
+    return base64.b64encode(state.numpy().tobytes()).decode()
+
+
+def _decode(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+

@@ -1,0 +1,189 @@
+"""Survivor recovery inside ``recd train --nproc 2 --recovery survivor``, for real.
+
+Real worker processes under recd's launcher, real SIGKILLs at chosen points of a step
+(``RECD_TEST_KILL``: in the forward before the input all-to-all, inside the sharded lookup
+between the all-to-alls, in the backward, inside the optimizer step between the dense and the
+table updates, after the update before the loss all-reduce), a warm spare replacing the dead
+rank, and the files a user reads afterwards: the audit trail, the loss history and the final
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recd.checkpoint.sidecars import read_loss_history
+from recd.recovery.rejoin import read_events
+from tests.integration.test_train_job import recd_env, table, write_config
+
+__all__ = ["table"]
+
+STEPS = 16
+EVERY = 5
+
+
+def _config(tmp_path: Path, table: Path, name: str) -> Path:
+    path = write_config(
+        tmp_path / f"{name}.toml",
+        table,
+        tmp_path / name,
+        kind="dlrm",
+        steps=STEPS,
+        eval_every=0,
+        sharding="row_wise",
+    )
+    path.write_text(path.read_text() + f"\n[checkpoint]\ncheckpoint_every = {EVERY}\n")
+    return path
+
+
+def _train(
+    config: Path, *extra: str, kills: str = "", timeout: int = 240
+) -> subprocess.CompletedProcess[str]:
+    env = recd_env()
+    if kills:
+        env["RECD_TEST_KILL"] = kills
+    command = [sys.executable, "-m", "recd", "train", "--config", str(config), "--nproc", "2"]
+    return subprocess.run(
+        [*command, *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _records(run_dir: Path) -> list[dict]:
+    path = run_dir / ".recovery.json"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def _assert_history_complete(run_dir: Path) -> None:
+    """Every step 1..STEPS recorded exactly once in ``.loss.json``."""
+    lines = [json.loads(x) for x in (run_dir / ".loss.json").read_text().splitlines()]
+    steps = [r["step"] for r in lines if "step" in r]
+    assert steps == list(range(1, STEPS + 1))
+    history = read_loss_history(run_dir)
+    assert list(history.steps) == list(range(1, STEPS + 1)) and not history.duplicate_steps
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, table: Path) -> Path:
+    """The same job that never failed (the same launcher)."""
+    tmp = tmp_path_factory.mktemp("survivor-reference")
+    proc = _train(_config(tmp, table, "run"), "--recovery", "survivor")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _records(tmp / "run") == []
+    return tmp / "run"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_worker_killed_in_each_phase_is_replaced_and_training_continues(
+    tmp_path: Path, table: Path
+) -> None:
+    # Rank 1, then rank 0 (so the replacement of the rank that writes the files is tested
+    # too), then their replacements: GEN:RANK:STEP:PHASE, GEN the generation the process
+    # started in.
+    kills = "0:1:3:forward,0:0:6:lookup,1:1:9:backward,2:0:12:optimizer,3:1:14:after_update"
+    config = _config(tmp_path, table, "run")
+    proc = _train(config, "--recovery", "survivor", kills=kills)
+    run_dir = tmp_path / "run"
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    records = _records(run_dir)
+    assert [r["route"] for r in records] == ["survivor"] * 5
+    assert [r["failed_ranks"] for r in records] == [[1], [0], [1], [0], [1]]
+    assert [r["agreed_step"] for r in records] == [2, 5, 8, 11, 13]
+    assert [r["generation"] for r in records] == [1, 2, 3, 4, 5]
+    # A peer killed inside its update or after it: the survivor had applied that step's
+    # update and took it back, bit-exactly; killed before its update: nothing to undo.
+    assert [len(r["undone"]) for r in records] == [0, 0, 0, 1, 1]
+    assert all(u["exact"] for r in records for u in r["undone"])
+    for r in records:
+        # The dead shard came from the newest committed checkpoint: the rows updated since
+        # are named, per table, inside the dead rank's block.
+        lost = r["rows_lost_updates"]
+        assert set(lost) == set(r["shard_rows"])
+        for name, rows in r["lost_rows"].items():
+            lo, hi = r["shard_rows"][name]
+            assert len(rows) == lost[name] and all(lo <= x < hi for x in rows)
+        if r["embedding_checkpoint_step"] is not None:
+            assert r["embedding_checkpoint_step"] <= r["agreed_step"]
+        assert r["bit_exact"] == (sum(lost.values()) == 0)
+    assert sum(sum(r["rows_lost_updates"].values()) for r in records) > 0
+    _assert_history_complete(run_dir)
+    events = [json.loads(x) for x in (run_dir / ".loss.json").read_text().splitlines()]
+    marks = [e for e in events if e.get("event") == "recovery"]
+    assert [m["at_step"] for m in marks] == [2, 5, 8, 11, 13]
+    assert all(m["route"] == "survivor" for m in marks)
+    # every kill was seen by a survivor and by the launcher, and each recovery ended with a
+    # completed step in its new generation
+    timeline = read_events(run_dir)
+    assert sum(e["event"] == "kill" for e in timeline) == 5
+    assert sum(e["event"] == "recovered" for e in timeline) == 5
+    assert sum(e["event"] == "spawn" and e.get("how") == "warm spare" for e in timeline) >= 1
+    assert (run_dir / f"step_{STEPS:06d}.bin").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_recovery_at_a_checkpoint_step_is_bit_exact(
+    tmp_path: Path, table: Path, reference: Path
+) -> None:
+    # Rank 1 dies inside its update of step 6, right after checkpoint 5: the survivor undoes
+    # its own update of step 6, the replacement's shard comes from checkpoint 5 = the agreed
+    # step, so nothing is lost: the run ends in the same bytes as the one that never failed.
+    config = _config(tmp_path, table, "run")
+    proc = _train(config, "--recovery", "survivor", "--no-spare", kills="0:1:6:optimizer")
+    run_dir = tmp_path / "run"
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (record,) = _records(run_dir)
+    assert record["agreed_step"] == 5 and record["embedding_checkpoint_step"] == 5
+    assert record["undone"] and record["undone"][0]["exact"]
+    assert record["bit_exact"] and sum(record["rows_lost_updates"].values()) == 0
+    _assert_history_complete(run_dir)
+    assert list(read_loss_history(run_dir).losses) == list(read_loss_history(reference).losses)
+    final = f"step_{STEPS:06d}.bin"
+    assert (run_dir / final).read_bytes() == (reference / final).read_bytes()
+    spawns = [e for e in read_events(run_dir) if e["event"] == "spawn" and "replaced" in e]
+    assert [e["how"] for e in spawns] == ["new process"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_kill_during_recovery_falls_back_to_the_elastic_restart(
+    tmp_path: Path, table: Path, reference: Path
+) -> None:
+    # Rank 1 dies in step 7; the survivor dies as it starts recovering: the launcher stops
+    # everything and restarts the group from checkpoint 5, which replays steps 6-7 bit-exactly.
+    config = _config(tmp_path, table, "run")
+    proc = _train(
+        config,
+        "--recovery",
+        "survivor",
+        "--max-restarts",
+        "1",
+        kills="0:1:7:backward,0:0:7:recovery",
+    )
+    run_dir = tmp_path / "run"
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    records = _records(run_dir)
+    assert [r["route"] for r in records] == ["restart"]
+    (restart,) = records
+    assert restart["checkpoint_step"] == 5 and restart["last_completed_step"] == 6
+    assert restart["steps_lost"] == 1 and restart["bit_exact"]
+    _assert_history_complete(run_dir)
+    assert list(read_loss_history(run_dir).losses) == list(read_loss_history(reference).losses)
+    final = f"step_{STEPS:06d}.bin"
+    assert (run_dir / final).read_bytes() == (reference / final).read_bytes()
+
+
+def test_survivor_recovery_needs_several_processes(tmp_path: Path, table: Path) -> None:
+    proc = _train(_config(tmp_path, table, "run"), "--recovery", "survivor", "--nproc", "1")
+    assert proc.returncode == 2
+    assert "--recovery survivor: needs --nproc N > 1" in proc.stderr
