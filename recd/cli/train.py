@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -82,13 +83,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--recovery",
-        choices=["restart", "survivor"],
+        choices=["restart", "survivor", "elastic"],
         default="restart",
         help=(
             "with --nproc N > 1, what happens when a worker dies: restart = torchrun "
             "(--max-restarts: every worker restarts from the newest checkpoint); survivor = "
             "the other workers keep their state and a replacement joins them at their step "
-            "(recd's launcher, one machine; falls back to the restart when it cannot)"
+            "(recd's launcher, one machine; falls back to the restart when it cannot, "
+            "--max-restarts times); elastic = recd's launcher restarting every worker from "
+            "the newest checkpoint (torchrun's policy, the baseline survivor is measured "
+            "against)"
         ),
     )
     parser.add_argument(
@@ -121,8 +125,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_train(args: argparse.Namespace) -> int:
     """The ``recd train`` handler (also what ``recd pivot`` runs after its preparation)."""
     # Heavy imports (torch, torchrec) only here: `recd --help` stays fast.
-    from recd.errors import ConfigError
+    from recd.errors import ConfigError, RecoveryError
     from recd.progress import progress_enabled
+    from recd.recovery.rejoin import EXIT_FALLBACK
     from recd.train.config import load_train_config
     from recd.train.launch import Nodes, in_torchrun, launch_torchrun
     from recd.train.loop import format_summary
@@ -157,10 +162,10 @@ def run_train(args: argparse.Namespace) -> int:
         rdzv_endpoint=getattr(args, "rdzv_endpoint", None),
     )
     recovery = getattr(args, "recovery", "restart")
-    if recovery == "survivor" and not in_torchrun():
+    if recovery in ("survivor", "elastic") and not in_torchrun():
         if nproc < 2 or nodes.multi:
             raise ConfigError(
-                "--recovery survivor: needs --nproc N > 1 on one machine (--nnodes 1)"
+                f"--recovery {recovery}: needs --nproc N > 1 on one machine (--nnodes 1)"
             )
         from recd.train.agent import AgentConfig, run_agent
 
@@ -172,6 +177,7 @@ def run_train(args: argparse.Namespace) -> int:
                     checkpoint_dir=Path(config.checkpoint_dir).resolve(),
                     max_restarts=getattr(args, "max_restarts", 0),
                     spare=not getattr(args, "no_spare", False),
+                    survivor=recovery == "survivor",
                 )
             )
     if in_torchrun():
@@ -192,7 +198,14 @@ def run_train(args: argparse.Namespace) -> int:
     else:
         config.train.world_size = 1
     resume = bool(getattr(args, "resume", False))
-    result = run_training(config, show_progress=progress_enabled(), resume=resume)
+    try:
+        result = run_training(config, show_progress=progress_enabled(), resume=resume)
+    except RecoveryError as exc:
+        if not in_torchrun():
+            raise
+        # the launcher restarts the group (or stops the job when it has no restarts left)
+        print(f"recd train: rank {os.environ['RANK']}: {exc}", file=sys.stderr)
+        return EXIT_FALLBACK
     if not in_torchrun() or os.environ["RANK"] == "0":
         print(format_summary(result))
     return 0

@@ -234,7 +234,7 @@ class SurvivorRecovery:
         """The undo record of this rank's last update (``ShardedAdam.step(capture=True)``)."""
         self.recoveries = 0
         self._dense_kept: torch.Tensor | None = None
-        self._first_step_due = False
+        self._first_step_due = True  # announced in every generation, the first one too
         self._audit_thread: threading.Thread | None = None
         self._kills = [
             k
@@ -299,10 +299,8 @@ class SurvivorRecovery:
         gen = self.generation
         append_event(self.run_dir, "detect", rank=trainer.rank, gen=gen, step=trainer.step)
         self.maybe_kill("recovery")
-        if trainer.checkpoint_busy():
-            raise RecoveryError(
-                f"rank {trainer.rank}: a checkpoint write was in flight when a peer died"
-            )
+        if trainer.checkpointer is not None:
+            trainer.checkpointer.abandon_write()  # a write in flight fails or completes
         failure = self._wait_json(self._key(gen, "failure"), "the launcher's failure notice")
         failed = [int(r) for r in failure["failed_ranks"]]
         survivors = [r for r in range(trainer.world_size) if r not in failed]

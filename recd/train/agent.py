@@ -75,6 +75,9 @@ class AgentConfig:
     """Elastic restarts of the whole group when survivor recovery is impossible."""
     spare: bool = True
     """Keep one warm spare process for the next replacement."""
+    survivor: bool = True
+    """False: every failure restarts the whole group from the newest checkpoint (torchrun's
+    policy, from this launcher: the like-for-like baseline of survivor recovery)."""
 
 
 @dataclass(slots=True)
@@ -130,7 +133,7 @@ class _Agent:
                 "TORCHELASTIC_RESTART_COUNT": str(self.job.attempt),
                 "TORCHELASTIC_MAX_RESTARTS": str(self.config.max_restarts),
                 "TORCHELASTIC_RUN_ID": "recd",
-                MODE_ENV: "survivor",
+                MODE_ENV: "survivor" if self.config.survivor else "elastic",
                 GENERATION_ENV: str(self.job.generation),
                 ROLE_ENV: role,
             }
@@ -151,8 +154,14 @@ class _Agent:
         append_event(self.events, "spawn", rank=-1, ranks=self.config.nproc,
                      attempt=self.job.attempt)
 
+    def _started(self) -> bool:
+        """Whether the job is past its start-up (every rank completed a step)."""
+        if self.job.spares or self.job.generation:
+            return True
+        return self.store.add(self._key("first_step"), 0) >= self.config.nproc
+
     def start_spare(self) -> None:
-        if not self.config.spare:
+        if not (self.config.spare and self.config.survivor):
             return
         self.job.spares += 1
         env = self._env(None, "spare")
@@ -201,20 +210,22 @@ class _Agent:
 
     def run(self) -> int:
         self.start_group()
-        self.start_spare()
         n = self.config.nproc
         while True:
             time.sleep(_POLL_S)
             job = self.job
+            if self.spare is None and self._started():
+                self.start_spare()  # after the workers' start-up, not competing with it
             if job.recovering is not None:
                 key = self._key("first_step")
                 if self.store.add(key, 0) >= n:
                     append_event(self.events, "recovered", rank=-1, gen=job.recovering)
                     job.recovering = None
-            for rank, p in list(self.workers.items()):
-                code = p.poll()
-                if code is None:
-                    continue
+            exited = [(rank, p.poll()) for rank, p in self.workers.items()]
+            # a death by signal first: the others' exits follow from it
+            for rank, code in sorted(
+                ((r, c) for r, c in exited if c is not None), key=lambda x: (x[1] >= 0, x[0])
+            ):
                 del self.workers[rank]
                 if code == 0:
                     self.done.add(rank)
@@ -236,7 +247,7 @@ class _Agent:
         if code == 2 and job.recovering is None:
             log.error("rank %d failed with exit code 2 (bad input): the job stops", rank)
             return 2
-        if killed and job.recovering is None and not self.done:
+        if killed and job.recovering is None and not self.done and self.config.survivor:
             log.warning("rank %d died (%s): survivor recovery (generation %d)", rank, what,
                         job.generation + 1)
             notice = {"failed_ranks": [rank], "generation": job.generation, "code": code}
@@ -321,12 +332,22 @@ class _Agent:
 def wait_as_spare() -> None:
     """In a warm spare: import what a worker needs, then wait for the launcher to assign a
     rank; afterwards this process's environment is that of the rank's replacement."""
+    import threading
+
     import torch.distributed as dist
 
-    import recd.recovery.rejoin
-    import recd.train.loop
-    import recd.train.sharding  # noqa: F401  (the imports are the point of a warm spare)
+    def warm_up() -> None:
+        # SCHED_IDLE for this thread only: the imports take idle CPU, never the workers'
+        # (the policy is per thread, and the main thread, which becomes the replacement,
+        # keeps the normal one: an unprivileged process could not switch back)
+        with contextlib.suppress(OSError, AttributeError):
+            os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+        import recd.recovery.rejoin
+        import recd.train.loop
+        import recd.train.sharding  # noqa: F401  (the imports are the point of a warm spare)
 
+    warming = threading.Thread(target=warm_up, name="recd-spare-imports")
+    warming.start()
     spare_id = os.environ[SPARE_ENV]
     parent = os.getppid()
     store = dist.TCPStore(
@@ -341,6 +362,7 @@ def wait_as_spare() -> None:
         except Exception:  # not assigned yet
             if os.getppid() != parent:
                 raise SystemExit(0) from None  # the launcher is gone
+    warming.join()  # at normal priority from here on if it was still importing
     assignment = json.loads(store.get(key))
     rank = str(assignment["rank"])
     os.environ.update(

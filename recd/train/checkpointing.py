@@ -630,6 +630,8 @@ class Checkpointer:
         self._trainer = trainer
         self._pg = dist.new_group(backend="gloo", timeout=WRITER_TIMEOUT)
         self._job_tag = self._broadcast(self._job_tag)
+        if self.is_main:  # no writer runs now: an abandoned write's temp file goes
+            clean_stray_temp_files(self.run_dir)
         self._barrier_main()
         signals = self._poll_signals(trainer)
         if signals.stop:
@@ -640,6 +642,16 @@ class Checkpointer:
         entry is in ``.recovery.json``)."""
         if self._losses is not None:
             self._losses.write_event("recovery", at_step=at_step, **info)
+
+    def abandon_write(self) -> None:
+        """After a peer died: wait for the write in flight, which fails at its next barrier
+        (the peer is gone) unless it got past them; a failed write was never committed (the
+        newest valid checkpoint is the previous one), so its error is logged, not raised."""
+        try:
+            self._writer.wait()
+        except CheckpointError as exc:
+            log.warning("a checkpoint write was abandoned: a peer died during it (%s)",
+                        str(exc).splitlines()[0][:200])
 
     def busy(self) -> bool:
         """Whether a checkpoint write is in flight."""

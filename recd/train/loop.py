@@ -499,10 +499,6 @@ class Trainer:
         log.warning("rank %d: recovered at step %d (generation %d)", self.rank, self.step,
                     plan.generation)
 
-    def checkpoint_busy(self) -> bool:
-        """Whether a checkpoint write is still in flight (its barriers need the dead peer)."""
-        return self.checkpointer is not None and self.checkpointer.busy()
-
     def newest_checkpoint_step(self) -> int | None:
         """The step of the newest valid checkpoint on disk (None: none; a checkpoint whose
         write a dead rank never committed is not one)."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from recd.checkpoint.lock import lock_run_directory
 from recd.errors import ConfigError
-from recd.recovery.rejoin import ROLE_ENV, SurvivorRecovery, recovery_mode
+from recd.recovery.rejoin import KILL_ENV, ROLE_ENV, SurvivorRecovery, recovery_mode
 from recd.train.checkpointing import Checkpointer
 from recd.train.config import TrainConfig, load_train_config
 from recd.train.launch import (
@@ -68,7 +68,7 @@ def run_training(
             )
         trainer = Trainer(config, dist=dist, hooks=hooks, show_progress=show_progress)
         checkpointer = None
-        recovery = None
+        recovery = injected = None
         joining = os.environ.get(ROLE_ENV) == "replacement"
         try:
             if dist is not None and recovery_mode() == "survivor":
@@ -76,6 +76,11 @@ def run_training(
                     trainer, store=dist.store, generation=dist.generation, attempt=dist.attempt
                 )
                 trainer.recovery = recovery
+            elif dist is not None and recovery_mode() == "elastic" and os.environ.get(KILL_ENV):
+                # the baseline's faults: the same injected kills, no survivor recovery
+                injected = SurvivorRecovery(
+                    trainer, store=dist.store, generation=dist.generation, attempt=dist.attempt
+                )
             if use_checkpoints:
                 checkpointer = Checkpointer(config, signals=signals)
                 trainer.checkpointer = checkpointer
@@ -84,8 +89,9 @@ def run_training(
             if joining and recovery is not None:
                 recovery.join()  # the survivors' state, at their step
             result = trainer.train()
-            if recovery is not None:
-                recovery.close()  # the last recovery's audit is written
+            for part in (recovery, injected):
+                if part is not None:
+                    part.close()  # the last recovery's audit is written
             if checkpointer is not None:
                 checkpointer.close()  # waits for the write in flight; raises if it failed
             return result

@@ -37,7 +37,10 @@ def _config(tmp_path: Path, table: Path, name: str) -> Path:
         eval_every=0,
         sharding="row_wise",
     )
-    path.write_text(path.read_text() + f"\n[checkpoint]\ncheckpoint_every = {EVERY}\n")
+    # written on the training thread: checkpoint k is committed before step k + 1 starts, so
+    # which checkpoint a recovery finds does not depend on the writer's timing
+    text = f"\n[checkpoint]\ncheckpoint_every = {EVERY}\nbackground = false\n"
+    path.write_text(path.read_text() + text)
     return path
 
 
