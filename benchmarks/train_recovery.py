@@ -94,7 +94,7 @@ steps = {args.steps}
 log_every = 10
 eval_every = 0
 seed = 0
-run_dir = "{work / 'unused'}"
+run_dir = "{work / "unused"}"
 sharding = "row_wise"
 
 [checkpoint]
@@ -109,13 +109,26 @@ def run_one(config: Path, run_dir: Path, route: str, kill: str | None) -> dict[s
     env.pop("RECD_TEST_KILL", None)
     if kill:
         env["RECD_TEST_KILL"] = kill
-    command = [sys.executable, "-m", "recd", "train", "--config", str(config), "--nproc", "2",
-               "--run-dir", str(run_dir), "--recovery", route]
+    command = [
+        sys.executable,
+        "-m",
+        "recd",
+        "train",
+        "--config",
+        str(config),
+        "--nproc",
+        "2",
+        "--run-dir",
+        str(run_dir),
+        "--recovery",
+        route,
+    ]
     if route == "elastic":
         command += ["--max-restarts", "1"]
     began = time.perf_counter()
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600,
-                          check=False)
+    proc = subprocess.run(
+        command, capture_output=True, text=True, env=env, timeout=600, check=False
+    )
     wall = time.perf_counter() - began
     out: dict[str, Any] = {"route": route, "kill": kill, "wall_s": wall, "rc": proc.returncode}
     if proc.returncode != 0:
@@ -123,12 +136,24 @@ def run_one(config: Path, run_dir: Path, route: str, kill: str | None) -> dict[s
         return out
     result = json.loads((run_dir / "train.json").read_text())["result"]
     out["step_s"] = result["train_s"] / max(result["steps"] - result["first_step"], 1)
-    records = [json.loads(x) for x in (run_dir / ".recovery.json").read_text().splitlines()] if (
-        run_dir / ".recovery.json"
-    ).exists() else []
+    records = (
+        [json.loads(x) for x in (run_dir / ".recovery.json").read_text().splitlines()]
+        if (run_dir / ".recovery.json").exists()
+        else []
+    )
     out["records"] = [
-        {k: r.get(k) for k in ("route", "agreed_step", "checkpoint_step", "steps_lost",
-                               "embedding_checkpoint_step", "bit_exact", "undone")}
+        {
+            k: r.get(k)
+            for k in (
+                "route",
+                "agreed_step",
+                "checkpoint_step",
+                "steps_lost",
+                "embedding_checkpoint_step",
+                "bit_exact",
+                "undone",
+            )
+        }
         | {"rows_lost": sum((r.get("rows_lost_updates") or {}).values())}
         for r in records
     ]
@@ -164,8 +189,12 @@ def survivor_phases(events: list[dict[str, Any]]) -> dict[str, float] | None:
 def spread(values: list[float]) -> dict[str, float | None]:
     if not values:
         return {"median": None, "min": None, "max": None, "n": 0}
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "n": len(values)}
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,8 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-hours", type=float, default=7 * 24.0)
     parser.add_argument("--mtbf-median-hours", type=float, default=17.0)
     parser.add_argument("--trials", type=int, default=300)
-    parser.add_argument("--cadence-hours", type=float, nargs="+",
-                        default=[0.25, 0.5, 1.0, 2.0, 4.0])
+    parser.add_argument(
+        "--cadence-hours", type=float, nargs="+", default=[0.25, 0.5, 1.0, 2.0, 4.0]
+    )
     parser.add_argument("--headline-cadence", type=float, default=1.0)
     args = parser.parse_args(argv)
     if args.quick:
@@ -192,13 +222,17 @@ def main(argv: list[str] | None = None) -> int:
     config = write_config(args.work, table, args)
     rng = random.Random(args.seed)
     schedule = [
-        (rng.randrange(2), rng.randrange(args.checkpoint_every + 1, args.steps - 4),
-         rng.choice(PHASES))
+        (
+            rng.randrange(2),
+            rng.randrange(args.checkpoint_every + 1, args.steps - 4),
+            rng.choice(PHASES),
+        )
         for _ in range(args.kills)
     ]
     runs_planned = [(route, i) for route in ("survivor", "elastic") for i in range(args.kills)]
-    runs_planned += [(f"{route}_free", i) for route in ("survivor", "elastic")
-                     for i in range(args.pairs)]
+    runs_planned += [
+        (f"{route}_free", i) for route in ("survivor", "elastic") for i in range(args.pairs)
+    ]
     rng.shuffle(runs_planned)
     runs: list[dict[str, Any]] = []
     load_before = os.getloadavg()[0]
@@ -213,37 +247,53 @@ def main(argv: list[str] | None = None) -> int:
         out = run_one(config, run_dir, route, kill) | {"name": name, "rep": i}
         subprocess.run(["rm", "-rf", str(run_dir)], check=True)
         runs.append(out)
-        print(f"[{n}/{len(runs_planned)}] {name} {kill or ''} wall {out['wall_s']:.2f} s "
-              f"rc {out['rc']}", flush=True)
+        print(
+            f"[{n}/{len(runs_planned)}] {name} {kill or ''} wall {out['wall_s']:.2f} s "
+            f"rc {out['rc']}",
+            flush=True,
+        )
     report = summarize(runs, args, load_before)
     write_outputs(report, args)
     return 0
 
 
-def summarize(runs: list[dict[str, Any]], args: argparse.Namespace,
-              load_before: float) -> dict[str, Any]:
+def summarize(
+    runs: list[dict[str, Any]], args: argparse.Namespace, load_before: float
+) -> dict[str, Any]:
     ok = [r for r in runs if r["rc"] == 0]
-    free = {route: [r for r in ok if r["name"] == f"{route}_free"]
-            for route in ("survivor", "elastic")}
+    free = {
+        route: [r for r in ok if r["name"] == f"{route}_free"] for route in ("survivor", "elastic")
+    }
     free_wall = {route: statistics.median([r["wall_s"] for r in rs]) for route, rs in free.items()}
     cost = {
         route: [r["wall_s"] - free_wall[route] for r in ok if r["name"] == route]
         for route in ("survivor", "elastic")
     }
     steps = {route: [r["step_s"] for r in rs] for route, rs in free.items()}
-    pairs = [s / e - 1.0 for s, e in zip(sorted(steps["survivor"]), sorted(steps["elastic"]),
-                                         strict=False)]
+    pairs = [
+        s / e - 1.0
+        for s, e in zip(sorted(steps["survivor"]), sorted(steps["elastic"]), strict=False)
+    ]
     overhead = statistics.median(steps["survivor"]) / statistics.median(steps["elastic"]) - 1.0
     step_s = statistics.median(steps["elastic"])
-    lost = [rec["steps_lost"] for r in ok if r["name"] == "elastic" for rec in r["records"]
-            if rec.get("steps_lost") is not None]
+    lost = [
+        rec["steps_lost"]
+        for r in ok
+        if r["name"] == "elastic"
+        for rec in r["records"]
+        if rec.get("steps_lost") is not None
+    ]
     phases = [r["phases"] for r in ok if r["name"] == "survivor" and r.get("phases")]
-    phase_medians = {k: statistics.median([p[k] for p in phases]) for k in phases[0]} if phases \
-        else {}
+    phase_medians = (
+        {k: statistics.median([p[k] for p in phases]) for k in phases[0]} if phases else {}
+    )
     s, e = spread(cost["survivor"]), spread(cost["elastic"])
     ratio = s["median"] / e["median"] if s["median"] is not None and e["median"] else None
-    ratio_range = ([s["min"] / e["max"], s["max"] / e["min"]]
-                   if ratio is not None and e["min"] and e["max"] else None)
+    ratio_range = (
+        [s["min"] / e["max"], s["max"] / e["min"]]
+        if ratio is not None and e["min"] and e["max"]
+        else None
+    )
     lost_median = statistics.median(lost) if lost else 0.0
     inputs = {
         "step_s": step_s,
@@ -255,35 +305,39 @@ def summarize(runs: list[dict[str, Any]], args: argparse.Namespace,
     }
     rng = np.random.default_rng(args.seed)
     mtbf_s = args.mtbf_median_hours * 3600
-    gaps = rng.uniform(0.0, 2 * mtbf_s,
-                       (args.trials, int(args.work_hours * 3600 / mtbf_s * 4) + 50))
+    gaps = rng.uniform(
+        0.0, 2 * mtbf_s, (args.trials, int(args.work_hours * 3600 / mtbf_s * 4) + 50)
+    )
     rows = [simulate_speedup(inputs, gaps, args.work_hours * 3600, h) for h in args.cadence_hours]
     headline = next(r for r in rows if r["cadence_hours"] == args.headline_cadence)
     rows_lost = [rec["rows_lost"] for r in ok if r["name"] == "survivor" for rec in r["records"]]
-    exact = sum(bool(rec["bit_exact"]) for r in ok if r["name"] == "survivor"
-                for rec in r["records"])
+    exact = sum(
+        bool(rec["bit_exact"]) for r in ok if r["name"] == "survivor" for rec in r["records"]
+    )
     return {
         "benchmark": "train_recovery",
         "command": "python benchmarks/train_recovery.py" + (" --quick" if args.quick else ""),
         "protocol": {
             "job": f"recd train --nproc 2, tiny profile table, DLRM row-wise, {args.steps} steps, "
-                   f"checkpoint every {args.checkpoint_every}, batch {args.batch_size}",
+            f"checkpoint every {args.checkpoint_every}, batch {args.batch_size}",
             "routes": "survivor (--recovery survivor) vs elastic (--recovery elastic "
-                      "--max-restarts 1), the same launcher",
+            "--max-restarts 1), the same launcher",
             "kills_per_route": args.kills,
             "failure_free_per_route": args.pairs,
             "schedule_seed": args.seed,
             "order": [r["name"] for r in runs],
             "recovery_time": "wall of a failing run - median wall of the same route's "
-                             "failure-free runs",
+            "failure-free runs",
             "overhead": "median survivor step time / median elastic step time - 1 "
-                        "(failure-free runs)",
+            "(failure-free runs)",
             "load_average_before": load_before,
             "load_average_after": os.getloadavg()[0],
             "cpu_count": os.cpu_count(),
         },
-        "failed_runs": {name: sum(1 for r in runs if r["name"] == name and r["rc"] != 0)
-                        for name in ("survivor", "elastic", "survivor_free", "elastic_free")},
+        "failed_runs": {
+            name: sum(1 for r in runs if r["name"] == name and r["rc"] != 0)
+            for name in ("survivor", "elastic", "survivor_free", "elastic_free")
+        },
         "recovery_s": {"survivor": s, "elastic": e},
         "recovery_time_ratio": ratio,
         "recovery_time_ratio_range": ratio_range,
@@ -300,8 +354,12 @@ def summarize(runs: list[dict[str, Any]], args: argparse.Namespace,
         "simulation": {
             "scale": "this job's measured costs (2 CPU ranks, tiny DLRM), not extrapolated",
             "inputs": inputs,
-            "scenario": {"work_hours": args.work_hours, "mtbf_median_hours": args.mtbf_median_hours,
-                         "trials": args.trials, "failure_gaps": "uniform on [0, 2 x median]"},
+            "scenario": {
+                "work_hours": args.work_hours,
+                "mtbf_median_hours": args.mtbf_median_hours,
+                "trials": args.trials,
+                "failure_gaps": "uniform on [0, 2 x median]",
+            },
             "rows": rows,
         },
         "simulated_speedup": headline["speedup"],
@@ -346,8 +404,10 @@ def write_outputs(report: dict[str, Any], args: argparse.Namespace) -> None:
         "|---|---|---|---|",
     ]
     for row in report["simulation"]["rows"]:
-        lines.append(f"| {row['cadence_hours']} | {row['checkpoint_wall_hours']:.2f} | "
-                     f"{row['survivor_wall_hours']:.2f} | {row['speedup']:.3f} |")
+        lines.append(
+            f"| {row['cadence_hours']} | {row['checkpoint_wall_hours']:.2f} | "
+            f"{row['survivor_wall_hours']:.2f} | {row['speedup']:.3f} |"
+        )
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -224,7 +224,9 @@ class ResumableLoader:
     @property
     def position(self) -> int:
         """Batches handed out since the start of epoch 0 (every epoch counted)."""
-        done = sum(sum(self.epoch_totals(e)) for e in range(min(self.epoch, self.config.num_epochs)))
+        done = sum(
+            sum(self.epoch_totals(e)) for e in range(min(self.epoch, self.config.num_epochs))
+        )
         return done + (sum(self._counts) if self.epoch < self.config.num_epochs else 0)
 
     def seek(self, position: int) -> None:

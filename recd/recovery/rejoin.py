@@ -434,8 +434,9 @@ class SurvivorRecovery:
         if plan.checkpoint_step is not None:
             path = checkpoint_path(self.run_dir, plan.checkpoint_step)
             ckpt = read_checkpoint(path, opt.layout)
-            opt.load_flat(step=plan.agreed_step, weights=ckpt.weights, adam_m=ckpt.adam_m,
-                          adam_v=ckpt.adam_v)
+            opt.load_flat(
+                step=plan.agreed_step, weights=ckpt.weights, adam_m=ckpt.adam_m, adam_v=ckpt.adam_v
+            )
             ckpt_step, source = int(ckpt.step), path.name
         else:  # the tables restart from the seed's initial weights, zero moments
             zeros = [np.zeros(opt.layout.n_params, np.float32) for _ in range(2)]
@@ -572,4 +573,3 @@ def _encode(state: torch.Tensor) -> str:
 
 def _decode(text: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
-

@@ -95,7 +95,10 @@ def run_agent(config: AgentConfig) -> int:
     import torch.distributed as dist
 
     store = dist.TCPStore(
-        "127.0.0.1", 0, is_master=True, wait_for_workers=False,
+        "127.0.0.1",
+        0,
+        is_master=True,
+        wait_for_workers=False,
         timeout=datetime.timedelta(seconds=300),
     )
     agent = _Agent(config, store)
@@ -151,8 +154,9 @@ class _Agent:
     def start_group(self) -> None:
         for rank in range(self.config.nproc):
             self.workers[rank] = self._spawn(self._env(rank, "worker"))
-        append_event(self.events, "spawn", rank=-1, ranks=self.config.nproc,
-                     attempt=self.job.attempt)
+        append_event(
+            self.events, "spawn", rank=-1, ranks=self.config.nproc, attempt=self.job.attempt
+        )
 
     def _started(self) -> bool:
         """Whether the job is past its start-up (every rank completed a step)."""
@@ -172,16 +176,18 @@ class _Agent:
         """Start the replacement of ``rank`` in the current generation (the spare if warm)."""
         spare, self.spare = self.spare, None
         if spare is not None and spare[1].poll() is None:
-            assignment = {"rank": rank, "generation": self.job.generation,
-                          "attempt": self.job.attempt}
+            assignment = {
+                "rank": rank,
+                "generation": self.job.generation,
+                "attempt": self.job.attempt,
+            }
             self.store.set(f"recd/spare/{spare[0]}", json.dumps(assignment))
             self.workers[rank] = spare[1]
             how = "warm spare"
         else:
             self.workers[rank] = self._spawn(self._env(rank, "replacement"))
             how = "new process"
-        append_event(self.events, "spawn", rank=-1, replaced=rank, gen=self.job.generation,
-                     how=how)
+        append_event(self.events, "spawn", rank=-1, replaced=rank, gen=self.job.generation, how=how)
         self.start_spare()
 
     def stop_all(self, *, include_spare: bool = False) -> None:
@@ -242,14 +248,19 @@ class _Agent:
         job = self.job
         killed = code < 0
         what = f"signal {signal.Signals(-code).name}" if killed else f"exit code {code}"
-        append_event(self.events, "detect_launcher", rank=-1, failed_rank=rank, code=code,
-                     gen=job.generation)
+        append_event(
+            self.events, "detect_launcher", rank=-1, failed_rank=rank, code=code, gen=job.generation
+        )
         if code == 2 and job.recovering is None:
             log.error("rank %d failed with exit code 2 (bad input): the job stops", rank)
             return 2
         if killed and job.recovering is None and not self.done and self.config.survivor:
-            log.warning("rank %d died (%s): survivor recovery (generation %d)", rank, what,
-                        job.generation + 1)
+            log.warning(
+                "rank %d died (%s): survivor recovery (generation %d)",
+                rank,
+                what,
+                job.generation + 1,
+            )
             notice = {"failed_ranks": [rank], "generation": job.generation, "code": code}
             self.store.set(self._key("failure"), json.dumps(notice))
             job.generation += 1
@@ -263,8 +274,11 @@ class _Agent:
             + (": survivor recovery impossible" if code == EXIT_FALLBACK else "")
         )
         if job.restarts >= self.config.max_restarts:
-            log.error("%s; no restarts left (--max-restarts %d): the job stops", reason,
-                      self.config.max_restarts)
+            log.error(
+                "%s; no restarts left (--max-restarts %d): the job stops",
+                reason,
+                self.config.max_restarts,
+            )
             return code if code > 0 else 1
         log.warning("%s: restarting every worker from the newest checkpoint", reason)
         self.stop_all()
@@ -305,10 +319,21 @@ class _Agent:
         append_record(run_dir, record)
         if (run_dir / ".loss.json").exists():
             with contextlib.closing(LossLog(run_dir)) as losses:
-                losses.write_event("recovery", at_step=ckpt_step or 0, route="restart",
-                                   attempt=self.job.attempt + 1, steps_lost=lost)
-        append_event(self.events, "restart", rank=-1, attempt=self.job.attempt + 1,
-                     checkpoint_step=ckpt_step, steps_lost=lost)
+                losses.write_event(
+                    "recovery",
+                    at_step=ckpt_step or 0,
+                    route="restart",
+                    attempt=self.job.attempt + 1,
+                    steps_lost=lost,
+                )
+        append_event(
+            self.events,
+            "restart",
+            rank=-1,
+            attempt=self.job.attempt + 1,
+            checkpoint_step=ckpt_step,
+            steps_lost=lost,
+        )
 
     # ------------------------------------------------------------------ signals
     @contextlib.contextmanager
@@ -317,8 +342,7 @@ class _Agent:
             for p in list(self.workers.values()):
                 with contextlib.suppress(ProcessLookupError):
                     p.send_signal(signum)
-            log.info("forwarded %s to %d worker(s)", signal.Signals(signum).name,
-                     len(self.workers))
+            log.info("forwarded %s to %d worker(s)", signal.Signals(signum).name, len(self.workers))
 
         sigs = (signal.SIGTERM, signal.SIGUSR1)
         previous = {sig: signal.signal(sig, forward) for sig in sigs}
@@ -351,7 +375,9 @@ def wait_as_spare() -> None:
     spare_id = os.environ[SPARE_ENV]
     parent = os.getppid()
     store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
         timeout=datetime.timedelta(seconds=300),
     )
     key = f"recd/spare/{spare_id}"

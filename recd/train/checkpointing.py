@@ -650,8 +650,10 @@ class Checkpointer:
         try:
             self._writer.wait()
         except CheckpointError as exc:
-            log.warning("a checkpoint write was abandoned: a peer died during it (%s)",
-                        str(exc).splitlines()[0][:200])
+            log.warning(
+                "a checkpoint write was abandoned: a peer died during it (%s)",
+                str(exc).splitlines()[0][:200],
+            )
 
     def busy(self) -> bool:
         """Whether a checkpoint write is in flight."""

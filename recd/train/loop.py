@@ -485,8 +485,12 @@ class Trainer:
         from recd.errors import RecoveryError
 
         detected = time.time()
-        log.warning("rank %d: step %d failed (%s): survivor recovery", self.rank, self.step + 1,
-                    str(error).splitlines()[0][:200])
+        log.warning(
+            "rank %d: step %d failed (%s): survivor recovery",
+            self.rank,
+            self.step + 1,
+            str(error).splitlines()[0][:200],
+        )
         try:
             plan = self.recovery.survive(error, detected_at=detected)
         except Exception as exc:
@@ -496,8 +500,9 @@ class Trainer:
             ) from exc
         self.step = plan.agreed_step
         self.planned_total = plan.total
-        log.warning("rank %d: recovered at step %d (generation %d)", self.rank, self.step,
-                    plan.generation)
+        log.warning(
+            "rank %d: recovered at step %d (generation %d)", self.rank, self.step, plan.generation
+        )
 
     def newest_checkpoint_step(self) -> int | None:
         """The step of the newest valid checkpoint on disk (None: none; a checkpoint whose

@@ -851,8 +851,11 @@ class ShardedAdam:
                     continue
                 i = index[(shard.name, shard.row_start, shard.col_start)]
                 m, v = self._table_moments(i)
-                for target, value in ((self.tables[i].weight, shard.weights), (m, shard.adam_m),
-                                      (v, shard.adam_v)):
+                for target, value in (
+                    (self.tables[i].weight, shard.weights),
+                    (m, shard.adam_m),
+                    (v, shard.adam_v),
+                ):
                     target.copy_(value.view(target.shape).to(target.device))
         names = self.dense.names
         self.load_dense(
