@@ -63,6 +63,7 @@ import numpy as np
 import torch
 
 from recd.errors import RecoveryError
+from recd.recovery.survivor import RECOVERY_FILE, append_recovery_record
 
 if TYPE_CHECKING:
     from recd.train.loop import Trainer
@@ -98,8 +99,6 @@ started in generation GEN as rank RANK SIGKILLs itself in step STEP at PHASE (``
 attempt only (not after an elastic restart)."""
 EXIT_FALLBACK = 75
 """A worker's exit code when survivor recovery is impossible: the launcher restarts everyone."""
-RECOVERY_FILE = ".recovery.json"
-"""The run's recovery audit trail (JSON Lines), next to ``.loss.json``."""
 EVENTS_FILE = "recovery/events.jsonl"
 
 PHASES = ("forward", "lookup", "backward", "optimizer", "after_update", "recovery")
@@ -148,14 +147,6 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
         return []
     events = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     return sorted(events, key=lambda e: e["t"])
-
-
-def append_record(run_dir: Path, record: dict[str, Any]) -> None:
-    """Append one recovery to ``RUN_DIR/.recovery.json`` (flushed and fsynced)."""
-    with (Path(run_dir) / RECOVERY_FILE).open("a") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
 
 
 @dataclass(kw_only=True, slots=True)
@@ -502,7 +493,7 @@ class SurvivorRecovery:
                 "replacement_load_s": load_s,
                 "bit_exact": rows_lost == 0 and all(u["exact"] for u in plan.undone),
             }
-            append_record(self.run_dir, record)
+            append_recovery_record(self.run_dir, record)
             append_event(self.run_dir, "audit", rank=trainer.rank, rows_lost=rows_lost)
 
         self._audit_thread = threading.Thread(target=run, name="recd-recovery-audit")

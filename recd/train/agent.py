@@ -51,8 +51,8 @@ from recd.recovery.rejoin import (
     MODE_ENV,
     ROLE_ENV,
     append_event,
-    append_record,
 )
+from recd.recovery.survivor import append_recovery_record
 
 __all__ = ["SPARE_ENV", "AgentConfig", "run_agent", "wait_as_spare"]
 
@@ -316,7 +316,7 @@ class _Agent:
             "steps_lost": lost,
             "bit_exact": True,
         }
-        append_record(run_dir, record)
+        append_recovery_record(run_dir, record)
         if (run_dir / ".loss.json").exists():
             with contextlib.closing(LossLog(run_dir)) as losses:
                 losses.write_event(
