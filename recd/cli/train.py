@@ -101,6 +101,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --recovery survivor: no warm spare process (a replacement starts cold)",
     )
     parser.add_argument(
+        "--undo",
+        choices=["copy", "inverse"],
+        default="copy",
+        help=(
+            "with --recovery survivor, how a survivor ahead by one update takes it back: copy "
+            "= keep the values each step reads or copies anyway (no work per step; 12 bytes "
+            "per updated element held until the next step); inverse = SwIFT's algebraic "
+            "inverse with exact corrections (4-6 bytes per updated element, but an inverse "
+            "pass every step)"
+        ),
+    )
+    parser.add_argument(
         "--resume",
         action="store_true",
         help=(
@@ -134,10 +146,6 @@ def run_train(args: argparse.Namespace) -> int:
     from recd.train.run import run_training
     from recd.train.signals import forward_signals_to_workers
 
-    if os.environ.get("RECD_RECOVERY_ROLE") == "spare":
-        from recd.train.agent import wait_as_spare
-
-        wait_as_spare()  # a warm spare: becomes a replacement rank when assigned one
     config = load_train_config(args.config)
     if args.steps is not None:
         if args.steps < 1:
@@ -178,6 +186,7 @@ def run_train(args: argparse.Namespace) -> int:
                     max_restarts=getattr(args, "max_restarts", 0),
                     spare=not getattr(args, "no_spare", False),
                     survivor=recovery == "survivor",
+                    undo=getattr(args, "undo", "copy"),
                 )
             )
     if in_torchrun():

@@ -2,7 +2,9 @@
 
 One :class:`ParamUndo` subclass per update: :class:`AdamParamUndo` (``torch.optim.Adam`` /
 ``AdamW``, one parameter), :class:`LazyRowsUndo` (row-sparse Adam, the touched rows of one
-table or shard), :class:`SgdParamUndo` (``torch.optim.SGD``, one parameter); plus
+table or shard), :class:`SgdParamUndo` (``torch.optim.SGD``, one parameter); for the ``copy``
+method, :class:`CopiedUndo` (any of those, from a copy of its pre-update tensors) and
+:class:`CopiedRowsUndo` (row updates, from the rows they gathered); plus
 :class:`CounterUndo` for step counters. The design (what is kept, the corrections, the
 checksums) is in :mod:`recd.recovery.undo`; the inverse formulas in
 :mod:`recd.recovery.inverse`.
@@ -30,6 +32,8 @@ from recd.recovery.inverse import (
 __all__ = [
     "AdamHyper",
     "AdamParamUndo",
+    "CopiedRowsUndo",
+    "CopiedUndo",
     "CounterUndo",
     "Flats",
     "LazyHyper",
@@ -458,6 +462,90 @@ class SgdParamUndo(ParamUndo):
     @property
     def elements(self) -> int:
         return self.param.numel()
+
+
+@dataclass(kw_only=True, slots=True, eq=False)
+class CopiedUndo(ParamUndo):
+    """Another entry's update, taken back from a copy of its pre-update tensors (the
+    ``copy`` method of :class:`recd.recovery.undo.StepCapture`).
+
+    ``before`` is the copy the capture made before the step anyway (torch's kernels update
+    dense parameters in place); keeping it instead of computing corrections against it costs
+    no time at capture and 4 bytes per role per element of memory. The undo writes it back
+    through ``inner``: bit-exact by construction. No checksums: the record's step counters
+    and ``inner``'s own state checks (an Adam state at another step) guard against undoing a
+    state another step has moved on.
+    """
+
+    inner: ParamUndo
+    """The entry whose ``_write`` restores the tensors (its corrections are never made)."""
+    before: Flats
+    """The pre-update tensors, flat, in ``inner.roles`` order."""
+
+    def _after(self) -> Flats:
+        return self.inner._after()
+
+    def _write(self, before: Flats) -> None:
+        self.inner._write(before)
+
+    def check_after(self) -> None:
+        """``inner``'s state checks (raises :class:`UndoError`); no checksums."""
+        with torch.no_grad():
+            self.inner._after()
+
+    def undo(self) -> bool:
+        with torch.no_grad():
+            self.inner._write(self.before)
+        return True
+
+    @property
+    def kept_nbytes(self) -> int:
+        return 4 * self.inner.elements * len(self.roles)
+
+    @property
+    def elements(self) -> int:
+        return self.inner.elements
+
+
+@dataclass(kw_only=True, slots=True, eq=False)
+class CopiedRowsUndo(ParamUndo):
+    """Row-sparse Adam updates taken back from the pre-update rows the updates gathered
+    (:class:`recd.optim.RowsStep`): the update reads them before it writes, so keeping them
+    costs no time, only their memory (12 bytes per touched element) until the next step."""
+
+    tables: list[TableRows]
+    """The tables (or shards) and rows, in update order."""
+    befores: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    """Per update: the (R x E) weight, m and v rows before it."""
+
+    def _after(self) -> Flats:
+        return stacked(
+            [[t.tensors()[role].index_select(0, t.rows) for t in self.tables] for role in range(3)]
+        )
+
+    def _write(self, before: Flats) -> None:
+        raise UndoError(f"{self.name}: restored from its kept rows only (undo)")
+
+    def check_after(self) -> None:
+        """Nothing to check beyond the record's counters (as :class:`CopiedUndo`)."""
+
+    def undo(self) -> bool:
+        with torch.no_grad():  # newest first: a table updated twice ends as before the first
+            pairs = zip(reversed(self.tables), reversed(self.befores), strict=True)
+            for table, rows_before in pairs:
+                for target, values in zip(table.tensors(), rows_before, strict=True):
+                    target.index_copy_(0, table.rows, values)
+        return True
+
+    @property
+    def kept_nbytes(self) -> int:
+        return sum(_nbytes(t) for b in self.befores for t in b) + sum(
+            _nbytes(t.rows) for t in self.tables
+        )
+
+    @property
+    def elements(self) -> int:
+        return sum(t.elements for t in self.tables)
 
 
 @dataclass(kw_only=True, slots=True, eq=False)

@@ -113,7 +113,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -123,6 +123,8 @@ from recd.recovery.bits import Inexactness
 from recd.recovery.entries import (
     AdamHyper,
     AdamParamUndo,
+    CopiedRowsUndo,
+    CopiedUndo,
     CounterUndo,
     Flats,
     LazyHyper,
@@ -136,6 +138,7 @@ from recd.recovery.entries import (
 )
 
 __all__ = [
+    "UNDO_METHODS",
     "AdamParamUndo",
     "CounterUndo",
     "LazyRowsUndo",
@@ -143,12 +146,20 @@ __all__ = [
     "SgdParamUndo",
     "StepCapture",
     "UndoLog",
+    "UndoMethod",
     "UndoRecord",
     "UndoResult",
     "step_with_undo",
     "undo_step",
     "update_rows_with_undo",
 ]
+
+
+UndoMethod = Literal["inverse", "copy"]
+"""How a record takes a step back: ``inverse`` (SwIFT's algebra + corrections: 4-6 bytes per
+updated element kept, an inverse pass at capture) or ``copy`` (the pre-update values the step
+makes or reads anyway: 12 bytes per updated element kept, no work at capture)."""
+UNDO_METHODS: tuple[UndoMethod, ...] = ("inverse", "copy")
 
 
 # ----------------------------------------------------------------------------- records
@@ -268,16 +279,31 @@ class StepCapture:
     corrections once per group (a param group's dense parameters at one step; the row
     updates sharing hyper-parameters and step) and drops the pre-update values.
 
+    ``method="copy"`` keeps those pre-update values instead (:class:`CopiedUndo`,
+    :class:`CopiedRowsUndo`): :meth:`finish` then does no work at all, and the record holds
+    12 bytes per updated element until it is dropped (see :data:`UndoMethod`).
+
     Args:
         names: ``(name, parameter)`` pairs naming the entries (default: ModelAdam's names,
             else ``param<i>`` in group order).
-        measure: also record the pure inverse's bitwise error (extra passes; for reports).
+        measure: also record the pure inverse's bitwise error (extra passes; for reports;
+            ``inverse`` only).
+        method: ``inverse`` (default) or ``copy``.
     """
 
     def __init__(
-        self, *, names: Iterable[tuple[str, torch.Tensor]] | None = None, measure: bool = False
+        self,
+        *,
+        names: Iterable[tuple[str, torch.Tensor]] | None = None,
+        measure: bool = False,
+        method: UndoMethod = "inverse",
     ) -> None:
+        if method not in UNDO_METHODS:
+            raise UndoError(f"undo method must be one of {UNDO_METHODS}, got {method!r}")
+        if measure and method != "inverse":
+            raise UndoError("measure=True measures the inverse: it needs method='inverse'")
         self.measure = measure
+        self.method = method
         self._names: dict[int, str] = {} if names is None else {id(p): n for n, p in names}
         self._entries: list[ParamUndo] = []
         """Every entry, in capture order."""
@@ -389,9 +415,11 @@ class StepCapture:
     def finish(self, step: int | None) -> UndoRecord:
         """The record of the captured step (``step``: the step counter after it).
 
-        Computes the corrections (the inverse against the pre-update copies) and drops the
-        copies.
+        ``inverse``: computes the corrections (the inverse against the pre-update copies) and
+        drops the copies. ``copy``: keeps the copies (no work).
         """
+        if self.method == "copy":
+            return self._finish_copied(step)
         for entry, before in self._pending:
             entry.finish(before, measure=self.measure)
         self._pending = []
@@ -406,6 +434,40 @@ class StepCapture:
         for counter in self._counters:
             counter.after = counter.read()
         return UndoRecord(step=step, params=self._entries, counters=self._counters)
+
+    def _finish_copied(self, step: int | None) -> UndoRecord:
+        entries: list[ParamUndo] = [
+            CopiedUndo(
+                name=entry.name,
+                step=entry.step,
+                roles=entry.roles,
+                fixes=[None] * len(entry.roles),
+                inner=entry,
+                before=before,
+            )
+            for entry, before in self._pending
+        ]
+        if self._rows:
+            tables = [table for table, _, _, _ in self._rows]
+            entries.append(
+                CopiedRowsUndo(
+                    name=tables[0].name
+                    if len(tables) == 1
+                    else f"{tables[0].name} .. {tables[-1].name}",
+                    step=self._rows[0][2],
+                    roles=_ROLES,
+                    fixes=[None] * len(_ROLES),
+                    tables=tables,
+                    befores=[
+                        (d.weight_before, d.exp_avg_before, d.exp_avg_sq_before)
+                        for _, _, _, d in self._rows
+                    ],
+                )
+            )
+        self._pending, self._rows = [], []
+        for counter in self._counters:
+            counter.after = counter.read()
+        return UndoRecord(step=step, params=entries, counters=self._counters)
 
     # ------------------------------------------------------------------ preparation
     def _name(self, p: torch.Tensor, index: int) -> str:
@@ -447,7 +509,8 @@ class StepCapture:
                     before = _copy_stacked(
                         [params, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]]
                     )
-                    kept, roles = before[1].clone(), ("weight", "exp_avg", "exp_avg_sq")
+                    kept = before[1] if self.method == "copy" else before[1].clone()
+                    roles = ("weight", "exp_avg", "exp_avg_sq")
                 names = tuple(n for n, _ in members)
                 entry = AdamParamUndo(
                     name=names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]}",
@@ -574,6 +637,7 @@ def step_with_undo(
     *,
     names: Iterable[tuple[str, torch.Tensor]] | None = None,
     measure: bool = False,
+    method: UndoMethod = "inverse",
     **step_kwargs: Any,
 ) -> UndoRecord:
     """``optimizer.step(**step_kwargs)``, returning the record that takes it back.
@@ -584,12 +648,13 @@ def step_with_undo(
         names: ``(name, parameter)`` pairs (e.g. ``model.named_parameters()``) to name the
             entries (default: ModelAdam's names, else ``param<i>`` in group order).
         measure: also record the pure inverse's bitwise error (extra passes; for reports).
+        method: ``inverse`` or ``copy`` (:data:`UndoMethod`).
         step_kwargs: passed to ``step`` (``touched_rows=`` for ModelAdam / LazyAdam).
 
     If the step raises, every parameter, state tensor and counter it touched is put back
     before the exception propagates.
     """
-    capture = StepCapture(names=names, measure=measure)
+    capture = StepCapture(names=names, measure=measure, method=method)
     try:
         step = capture.run(optimizer, **step_kwargs)
     except BaseException:
@@ -649,12 +714,18 @@ class UndoLog:
     Args:
         optimizer: what :func:`step_with_undo` accepts.
         names: ``(name, parameter)`` pairs naming the entries.
+        method: ``inverse`` or ``copy`` (:data:`UndoMethod`).
     """
 
     def __init__(
-        self, optimizer: Any, *, names: Iterable[tuple[str, torch.Tensor]] | None = None
+        self,
+        optimizer: Any,
+        *,
+        names: Iterable[tuple[str, torch.Tensor]] | None = None,
+        method: UndoMethod = "inverse",
     ) -> None:
         self.optimizer = optimizer
+        self.method: UndoMethod = method
         self.names = None if names is None else list(names)
         self.record: UndoRecord | None = None
         """The last captured step's record (None: none, or it was undone/cleared)."""
@@ -666,7 +737,9 @@ class UndoLog:
         step's gradients were all-reduced), so only one record's memory is ever held.
         """
         self.record = None
-        self.record = step_with_undo(self.optimizer, names=self.names, **step_kwargs)
+        self.record = step_with_undo(
+            self.optimizer, names=self.names, method=self.method, **step_kwargs
+        )
         return self.record
 
     def undo(self) -> UndoResult:

@@ -298,7 +298,7 @@ class Trainer:
             self.optimizer.step()
         else:  # survivor recovery: the update can be taken back (recd.recovery.undo)
             self.recovery.undo = None
-            self.recovery.undo = self.optimizer.step(capture=True)
+            self.recovery.undo = self.optimizer.step(capture=True, undo=self.recovery.undo_method)
             self.recovery.maybe_kill("after_update")
         if self.dist is None:
             return loss.item(), batch.batch_size

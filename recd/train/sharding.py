@@ -119,7 +119,7 @@ from recd.optim.model_adam import AdamConfig, FlatState, ModelAdam
 from recd.train.data_parallel import SyncSparseDataParallel
 
 if TYPE_CHECKING:
-    from recd.recovery.undo import StepCapture, UndoRecord
+    from recd.recovery.undo import StepCapture, UndoMethod, UndoRecord
 
 __all__ = [
     "SHARDING_KINDS",
@@ -645,17 +645,19 @@ class ShardedAdam:
                 table.kernel.emb_module.weights.grad = None
 
     @torch.no_grad()
-    def step(self, *, capture: bool = False) -> UndoRecord | None:
+    def step(self, *, capture: bool = False, undo: UndoMethod = "inverse") -> UndoRecord | None:
         """One Adam step: dense layers, replicated tables, then this rank's table shards.
 
         ``capture=True`` (update-undo, :mod:`recd.recovery.undo`): also return the
         :class:`~recd.recovery.undo.UndoRecord` that takes the whole step back bit-exactly
         (dense layers, replicated tables, this rank's table shards and both step counters;
-        CPU route only: fbgemm's fused ADAM updates inside the backward, out of reach). A
-        captured step that raises part-way (e.g. a collective fails because a peer died) is
-        rolled back before the exception propagates. Same updates, same bits, either way.
+        CPU route only: fbgemm's fused ADAM updates inside the backward, out of reach), by
+        the ``undo`` method (``inverse``: SwIFT's algebra, less memory; ``copy``: the
+        pre-update values kept, no work). A captured step that raises part-way (e.g. a
+        collective fails because a peer died) is rolled back before the exception
+        propagates. Same updates, same bits, either way.
         """
-        capture_ = self._new_capture() if capture else None
+        capture_ = self._new_capture(undo) if capture else None
         try:
             if capture_ is None:
                 self.dense.step()
@@ -691,14 +693,14 @@ class ShardedAdam:
             "weight_decay": cfg.embedding_weight_decay,
         }
 
-    def _new_capture(self) -> StepCapture:
+    def _new_capture(self, method: UndoMethod = "inverse") -> StepCapture:
         from recd.errors import UndoError
         from recd.recovery.undo import StepCapture
 
         fused = [t.name for t in self.tables if t.fused]
         if fused:
             raise UndoError(f"tables {fused}: no update-undo for fbgemm's fused ADAM")
-        return StepCapture()
+        return StepCapture(method=method)
 
     def _touched_shards(
         self,

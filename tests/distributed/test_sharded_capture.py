@@ -1,6 +1,6 @@
 """``ShardedAdam.step(capture=True)``: the same update as ``step()``, taken back bit-exactly.
 
-Two real gloo processes train the survivor job's DLRM (``recd.recovery.survivor``) sharded
+Both undo methods (``inverse``, ``copy``). Two real gloo processes train the survivor job's DLRM (``recd.recovery.survivor``) sharded
 row-wise, and one table kept data-parallel (its rows are all-gathered inside the step). Each
 step: forward + backward, a captured step, its undo (every local weight, m, v and both step
 counters bitwise back), the same forward + backward again and an uncaptured step, whose state
@@ -56,7 +56,7 @@ def _build(job: Any) -> tuple[Any, Any]:
     return build_sharded_training(model_config_of(job), AdamConfig(lr=job.lr), plan=plan, seed=0)
 
 
-def _worker(rank: int, world_size: int) -> dict[str, Any]:
+def _worker(rank: int, world_size: int, method: str) -> dict[str, Any]:
     from recd.recovery.survivor import SurvivorJob
     from recd.recovery.undo import StepCapture
 
@@ -66,7 +66,7 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
     for step in range(1, STEPS + 1):
         before = _state(opt)
         _train(opt, dmp, job, step, rank)
-        record = opt.step(capture=True)
+        record = opt.step(capture=True, undo=method)
         captured = _state(opt)
         assert not _same(before, captured)
         result = record.undo()
@@ -85,9 +85,9 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
 
     before = _state(opt)
     _train(opt, dmp, job, STEPS + 1, rank)
-    opt._new_capture = FailingCapture  # the step builds its capture here
+    opt._new_capture = lambda method: FailingCapture(method=method)  # the step builds it here
     try:
-        opt.step(capture=True)
+        opt.step(capture=True, undo=method)
     except RuntimeError as error:
         report["raised"] = str(error)
     report["rolled_back"] = _same(_state(opt), before)
@@ -95,12 +95,17 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
     return report
 
 
-def test_captured_sharded_step_equals_plain_and_undoes_exactly() -> None:
-    reports = run_workers(_worker, world_size=2, timeout_s=100)
+@pytest.mark.parametrize("method", ["inverse", "copy"])
+def test_captured_sharded_step_equals_plain_and_undoes_exactly(method: str) -> None:
+    reports = run_workers(_worker, world_size=2, timeout_s=100, args=(method,))
+    entries = {
+        "inverse": ["AdamParamUndo", "LazyRowsUndo"],
+        "copy": ["CopiedUndo", "CopiedRowsUndo"],
+    }
     for report in reports:
         assert report["undo_exact"] == [True] * STEPS
         assert report["same_as_plain"] == [True] * STEPS
         # Dense layers in one entry, every table shard (and replicated table) in one more.
-        assert report["entries"][-1] == ["AdamParamUndo", "LazyRowsUndo"]
+        assert report["entries"][-1] == entries[method]
         assert report["raised"] == "peer died"
         assert report["rolled_back"]

@@ -34,6 +34,7 @@ from recd.recovery import (
 )
 from recd.recovery.bits import from_ordered_bits, ordered_bits
 from recd.recovery.inverse import adam_second_moment_before, adam_weight_before
+from recd.recovery.undo import UNDO_METHODS, StepCapture, UndoMethod
 from recd.schema import load_catalogue
 
 FAST = settings(max_examples=12, deadline=None)
@@ -90,6 +91,7 @@ def _run_undo_redo(
     grad_scale: float,
     step_kwargs: Callable[[int], dict[str, Any]] = lambda t: {},
     sparse: bool = False,
+    method: UndoMethod = "inverse",
 ) -> None:
     """Each step: capture, undo (== before, bitwise), redo (== the captured post state)."""
     gen = torch.Generator().manual_seed(seed + 1)
@@ -102,7 +104,7 @@ def _run_undo_redo(
                 g = torch.sparse_coo_tensor(ids[None], values, p.shape, check_invariants=True)
             p.grad = g
         before = _state_of(opt, params)
-        record = step_with_undo(opt, **step_kwargs(t))
+        record = step_with_undo(opt, method=method, **step_kwargs(t))
         after = _state_of(opt, params)
         assert not _same(before, after)
         result = undo_step(record)
@@ -222,7 +224,47 @@ def test_lazy_adam_rows_undo_is_exact(
         _run_undo_redo(opt, params, steps=5, seed=seed, grad_scale=1e-2, sparse=True)
 
 
-def _run_lazy_dense(opt: LazyAdam, params: list[torch.nn.Parameter], *, seed: int) -> None:
+@FAST
+@given(
+    shapes=SHAPES,
+    seed=st.integers(0, 2**16),
+    grad_scale=st.sampled_from([1e-4, 1e-2, 1.0]),
+    optimizer=st.sampled_from(["adam", "adam_foreach", "adamw", "sgd", "sgd_momentum"]),
+)
+def test_copy_method_undo_is_exact(
+    shapes: list[tuple[int, ...]], seed: int, grad_scale: float, optimizer: str
+) -> None:
+    """The ``copy`` method: the pre-update values kept, written back; bit-exact for any
+    optimizer the capture takes, and its record holds no corrections."""
+    params = _params(seed, shapes)
+    opt: torch.optim.Optimizer
+    if optimizer.startswith("adam"):
+        kind = torch.optim.AdamW if optimizer == "adamw" else torch.optim.Adam
+        opt = kind(params, lr=1e-2, weight_decay=1e-2, foreach=optimizer == "adam_foreach")
+    else:
+        opt = torch.optim.SGD(params, lr=0.05, momentum=0.9 if "momentum" in optimizer else 0.0)
+    _run_undo_redo(opt, params, steps=4, seed=seed, grad_scale=grad_scale, method="copy")
+
+
+@FAST
+@given(rows=st.integers(1, 12), dim=st.integers(1, 6), seed=st.integers(0, 2**16))
+def test_copy_method_lazy_rows_undo_is_exact(rows: int, dim: int, seed: int) -> None:
+    params = _params(seed, [(rows, dim), (rows + 3, dim)])
+    opt = LazyAdam(params, lr=0.05, weight_decay=0.05)
+    _run_lazy_dense(opt, params, seed=seed, method="copy")
+    _run_undo_redo(opt, params, steps=3, seed=seed, grad_scale=1e-2, sparse=True, method="copy")
+
+
+def test_copy_method_refuses_measure_and_unknown_methods() -> None:
+    with pytest.raises(UndoError, match="method='inverse'"):
+        StepCapture(measure=True, method="copy")
+    with pytest.raises(UndoError, match="undo method"):
+        StepCapture(method="snapshot")  # type: ignore[arg-type]
+
+
+def _run_lazy_dense(
+    opt: LazyAdam, params: list[torch.nn.Parameter], *, seed: int, method: UndoMethod = "inverse"
+) -> None:
     """Dense gradients with touched rows: the rows passed are the only ones updated/undone."""
     gen = torch.Generator().manual_seed(seed + 3)
     for _ in range(5):
@@ -232,7 +274,7 @@ def _run_lazy_dense(opt: LazyAdam, params: list[torch.nn.Parameter], *, seed: in
         for p in params:
             p.grad = torch.randn(p.shape, generator=gen) * 1e-2
         before = _state_of(opt, params)
-        record = step_with_undo(opt, touched_rows=rows)
+        record = step_with_undo(opt, touched_rows=rows, method=method)
         after = _state_of(opt, params)
         assert record.elements == sum(r.unique().numel() * p.shape[1] for p, r in rows.items())
         assert undo_step(record).exact
@@ -325,13 +367,16 @@ def _model_state(opt: ModelAdam) -> list[Any]:
     return out
 
 
+@pytest.mark.parametrize("method", UNDO_METHODS)
 @pytest.mark.parametrize("sparse_grads", [True, False])
-def test_model_adam_on_a_dlrm_undo_then_redo_is_exact(sparse_grads: bool) -> None:
+def test_model_adam_on_a_dlrm_undo_then_redo_is_exact(
+    sparse_grads: bool, method: UndoMethod
+) -> None:
     model = _dlrm(sparse_grads=sparse_grads)
     opt = ModelAdam.for_model(
         model, AdamConfig(lr=0.01, weight_decay=1e-3, embedding_weight_decay=1e-3)
     )
-    log = UndoLog(opt)
+    log = UndoLog(opt, method=method)
     gen = torch.Generator().manual_seed(7)
     n_params = sum(p.numel() for p in model.parameters())
     for step in range(1, 6):
@@ -345,7 +390,11 @@ def test_model_adam_on_a_dlrm_undo_then_redo_is_exact(sparse_grads: bool) -> Non
         assert record.step == step == opt.step_count
         # Only the touched rows and the dense layers are in the record, far below a snapshot.
         assert record.elements < n_params
-        assert record.nbytes < 0.6 * record.snapshot_nbytes
+        if method == "inverse":
+            assert record.nbytes < 0.6 * record.snapshot_nbytes
+        else:  # the pre-update values themselves (+ the row ids)
+            assert record.snapshot_nbytes <= record.nbytes < 1.1 * record.snapshot_nbytes
+            assert record.summary()["correction_bytes"] == 0
         result = log.undo()
         assert result.exact and result.step == step - 1
         assert _same(_model_state(opt), before)
@@ -383,11 +432,13 @@ def test_a_step_that_fails_half_way_is_rolled_back() -> None:
 
 
 # ----------------------------------------------------------------------------- misuse
-def test_undo_refuses_a_record_whose_state_moved_on() -> None:
+@pytest.mark.parametrize("method", UNDO_METHODS)
+def test_undo_refuses_a_record_whose_state_moved_on(method: UndoMethod) -> None:
     params = _params(0, [(20,)])
     opt = torch.optim.Adam(params, lr=0.01)
     params[0].grad = torch.ones(20)
-    record = step_with_undo(opt)
+    opt.step()  # a state to move on from
+    record = step_with_undo(opt, method=method)
     opt.step()  # another step: the record is stale
     moved = _state_of(opt, params)
     with pytest.raises(UndoError, match="param0"):
