@@ -96,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str] | None) -> int:
+    from recd.train.spare import is_spare, wait_as_spare
+
+    if is_spare():  # before the parser imports every command: at idle priority instead
+        wait_as_spare()  # returns as the replacement of the rank it was assigned
     parser = build_parser()
     args = parser.parse_args(argv)
     # Libraries (fbgemm logs every .so it loads at INFO on the root logger) stay at WARNING;

@@ -12,26 +12,41 @@
   DLRM (``python -m recd.recovery.measure``);
 - :mod:`recd.recovery.survivor`: survivor-based recovery of a hybrid-parallel DLRM job
   (agree, undo, dense state from a survivor, the dead shard from the checkpoint, audit trail);
-- :mod:`recd.recovery.elastic`: the torchrun ``--max-restarts`` baseline, driven and timed.
+- :mod:`recd.recovery.elastic`: the torchrun ``--max-restarts`` baseline, driven and timed;
+- :mod:`recd.recovery.rejoin`: survivor recovery inside ``recd train`` (the workers' side);
+  :mod:`recd.recovery.env`: the environment its launcher sets.
 """
 
-from recd.recovery.bits import Correction, Inexactness, measure_inexactness, ulp_distance
-from recd.recovery.survivor import (
-    RECOVERY_FILE,
-    SurvivorJob,
-    read_recovery_records,
-    run_job,
-)
-from recd.recovery.undo import (
-    CounterUndo,
-    StepCapture,
-    UndoLog,
-    UndoRecord,
-    UndoResult,
-    step_with_undo,
-    undo_step,
-    update_rows_with_undo,
-)
+import importlib
+from typing import Any
+
+_HOME = {
+    "Correction": "bits",
+    "Inexactness": "bits",
+    "measure_inexactness": "bits",
+    "ulp_distance": "bits",
+    "RECOVERY_FILE": "survivor",
+    "SurvivorJob": "survivor",
+    "read_recovery_records": "survivor",
+    "run_job": "survivor",
+    "CounterUndo": "undo",
+    "StepCapture": "undo",
+    "UndoLog": "undo",
+    "UndoRecord": "undo",
+    "UndoResult": "undo",
+    "step_with_undo": "undo",
+    "undo_step": "undo",
+    "update_rows_with_undo": "undo",
+}
+"""Where each public name lives: imported on first use, so that a light submodule
+(:mod:`recd.recovery.env`, read by a warm spare before it has torch) does not pull in torch."""
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'recd.recovery' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"recd.recovery.{_HOME[name]}"), name)
+
 
 __all__ = [
     "RECOVERY_FILE",

@@ -20,7 +20,11 @@ survivors do not stop:
    not agree (possible with 3+ ranks when a collective completes on some ranks only) fall back
    to the elastic restart.
 3. **Undo.** A survivor ahead takes its update back with the record the step kept
-   (``ShardedAdam.step(capture=True)``, :mod:`recd.recovery.undo`: bit-exact, no snapshot).
+   (``ShardedAdam.step(capture=True)``, :mod:`recd.recovery.undo`: bit-exact). By default
+   (``--undo copy``) the record keeps the pre-update values the step had at hand anyway (the
+   dense layers' copy, the table rows the lazy update gathered): no work per step, the
+   memory of one step's updated elements; ``--undo inverse`` keeps SwIFT's smaller record
+   (m and corrections) at the price of an inverse pass every step.
 4. **Rejoin.** Survivors leave the broken process group and join the next generation's
    (same store, a new key prefix) with the replacement; everyone builds the sharded model
    again with the same plan (torchrec's DMP is bound to its process group), the survivors
@@ -63,7 +67,9 @@ import numpy as np
 import torch
 
 from recd.errors import RecoveryError
+from recd.recovery.env import GENERATION_ENV, KILL_ENV, MODE_ENV, ROLE_ENV, UNDO_ENV
 from recd.recovery.survivor import RECOVERY_FILE, append_recovery_record
+from recd.recovery.undo import UNDO_METHODS, UndoMethod
 
 if TYPE_CHECKING:
     from recd.train.loop import Trainer
@@ -76,6 +82,7 @@ __all__ = [
     "MODE_ENV",
     "RECOVERY_FILE",
     "ROLE_ENV",
+    "UNDO_ENV",
     "RecoveryPlan",
     "SurvivorRecovery",
     "append_event",
@@ -86,17 +93,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-MODE_ENV = "RECD_RECOVERY"
-"""``survivor`` in the workers of ``recd train --recovery survivor``."""
-ROLE_ENV = "RECD_RECOVERY_ROLE"
-"""``worker`` (started with the job or by a restart), ``replacement`` or ``spare``."""
-GENERATION_ENV = "RECD_RECOVERY_GENERATION"
-"""The process group generation a worker joins first (0, then +1 per survivor recovery)."""
-KILL_ENV = "RECD_TEST_KILL"
-"""Fault injection for tests and the benchmark: ``GEN:RANK:STEP:PHASE[,...]``: the worker
-started in generation GEN as rank RANK SIGKILLs itself in step STEP at PHASE (``forward``,
-``lookup``, ``backward``, ``optimizer``, ``after_update``, ``recovery``), in the first
-attempt only (not after an elastic restart)."""
 EXIT_FALLBACK = 75
 """A worker's exit code when survivor recovery is impossible: the launcher restarts everyone."""
 EVENTS_FILE = "recovery/events.jsonl"
@@ -223,6 +219,11 @@ class SurvivorRecovery:
         self.run_dir = Path(trainer.config.checkpoint_dir)
         self.undo: Any = None
         """The undo record of this rank's last update (``ShardedAdam.step(capture=True)``)."""
+        method = os.environ.get(UNDO_ENV, "copy")
+        if method not in UNDO_METHODS:
+            raise RecoveryError(f"{UNDO_ENV}={method!r}: expected one of {UNDO_METHODS}")
+        self.undo_method: UndoMethod = method
+        """How :attr:`undo` records are made (``copy``: no work per step)."""
         self.recoveries = 0
         self._dense_kept: torch.Tensor | None = None
         self._first_step_due = True  # announced in every generation, the first one too
@@ -345,7 +346,7 @@ class SurvivorRecovery:
                 agreed_step=agreed,
                 step_in_flight=agreed + 1,
                 undone=every,
-                total=trainer.planned_total,
+                total=_planned(trainer),
                 reader_offset=trainer.reader_offset,
                 rng=_encode(torch.get_rng_state()),
                 checkpoint_step=trainer.newest_checkpoint_step(),
@@ -512,6 +513,13 @@ class SurvivorRecovery:
 # ----------------------------------------------------------------------------- helpers
 
 
+def _planned(trainer: Trainer) -> int:
+    """The step the job trains to (set when training started, before any step could fail)."""
+    if trainer.planned_total is None:
+        raise RecoveryError("a step failed before the trainer planned its steps")
+    return trainer.planned_total
+
+
 def _plan_source(store: Any, key: str, plan: RecoveryPlan | None, rank: int) -> int:
     """The rank that broadcasts the plan: the one holding it announces itself in the store."""
     if plan is not None:
@@ -535,7 +543,9 @@ def _dense_flat(opt: Any) -> torch.Tensor:
 
 
 def _load_dense_flat(opt: Any, flat: torch.Tensor, *, step: int) -> None:
-    weights, adam_m, adam_v = {}, {}, {}
+    weights: dict[str, np.ndarray] = {}
+    adam_m: dict[str, np.ndarray] = {}
+    adam_v: dict[str, np.ndarray] = {}
     at = 0
     for name in opt.dense.names:
         n = opt.dense.params[name].numel()

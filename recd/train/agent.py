@@ -12,8 +12,9 @@ the two launchers apart, and it watches them:
 - a worker **killed by a signal** (SIGKILL, OOM killer, a crash) while no recovery is under
   way: publish the failure notice (``recd/attempt_A/gen_G/failure`` in the store) and start a
   replacement for its rank in generation G+1: the **warm spare** (a process started with the
-  job that has already imported torch, torchrec and recd and waits for an assignment; a new
-  spare is started at once) or, without one, a fresh interpreter. The survivors agree, undo
+  job that imports torch, torchrec, recd and pyiceberg at idle priority and waits for an
+  assignment, :mod:`recd.train.spare`; a new spare is started at once) or, without one, a
+  fresh interpreter. The survivors agree, undo
   and hand over the state; the recovery is over when every rank of G+1 completed a step;
 - a worker that **exits with another code**, or any death **during a recovery**: the
   elastic restart, as torchrun does it: every worker is stopped and a new group (attempt A+1)
@@ -45,21 +46,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from recd.recovery.rejoin import (
-    EXIT_FALLBACK,
-    GENERATION_ENV,
-    MODE_ENV,
-    ROLE_ENV,
-    append_event,
-)
+from recd.recovery.env import GENERATION_ENV, MODE_ENV, ROLE_ENV, SPARE_ENV, UNDO_ENV
+from recd.recovery.rejoin import EXIT_FALLBACK, append_event
 from recd.recovery.survivor import append_recovery_record
 
-__all__ = ["SPARE_ENV", "AgentConfig", "run_agent", "wait_as_spare"]
+__all__ = ["AgentConfig", "run_agent"]
 
 log = logging.getLogger(__name__)
 
-SPARE_ENV = "RECD_SPARE_ID"
-"""A warm spare's id (its assignment's key in the store)."""
 _POLL_S = 0.02
 
 
@@ -78,6 +72,8 @@ class AgentConfig:
     survivor: bool = True
     """False: every failure restarts the whole group from the newest checkpoint (torchrun's
     policy, from this launcher: the like-for-like baseline of survivor recovery)."""
+    undo: str = "copy"
+    """How a survivor takes back an update (``copy`` or ``inverse``: recd.recovery.undo)."""
 
 
 @dataclass(slots=True)
@@ -137,6 +133,7 @@ class _Agent:
                 "TORCHELASTIC_MAX_RESTARTS": str(self.config.max_restarts),
                 "TORCHELASTIC_RUN_ID": "recd",
                 MODE_ENV: "survivor" if self.config.survivor else "elastic",
+                UNDO_ENV: self.config.undo,
                 GENERATION_ENV: str(self.job.generation),
                 ROLE_ENV: role,
             }
@@ -216,12 +213,13 @@ class _Agent:
 
     def run(self) -> int:
         self.start_group()
+        self.start_spare()  # with the group: its imports take only idle CPU (recd.train.spare)
         n = self.config.nproc
         while True:
             time.sleep(_POLL_S)
             job = self.job
             if self.spare is None and self._started():
-                self.start_spare()  # after the workers' start-up, not competing with it
+                self.start_spare()  # the spare was used (or died): the next one
             if job.recovering is not None:
                 key = self._key("first_step")
                 if self.store.add(key, 0) >= n:
@@ -351,54 +349,3 @@ class _Agent:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-
-
-def wait_as_spare() -> None:
-    """In a warm spare: import what a worker needs, then wait for the launcher to assign a
-    rank; afterwards this process's environment is that of the rank's replacement."""
-    import threading
-
-    import torch.distributed as dist
-
-    def warm_up() -> None:
-        # SCHED_IDLE for this thread only: the imports take idle CPU, never the workers'
-        # (the policy is per thread, and the main thread, which becomes the replacement,
-        # keeps the normal one: an unprivileged process could not switch back)
-        with contextlib.suppress(OSError, AttributeError):
-            os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
-        import recd.recovery.rejoin
-        import recd.train.loop
-        import recd.train.sharding  # noqa: F401  (the imports are the point of a warm spare)
-
-    warming = threading.Thread(target=warm_up, name="recd-spare-imports")
-    warming.start()
-    spare_id = os.environ[SPARE_ENV]
-    parent = os.getppid()
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        is_master=False,
-        timeout=datetime.timedelta(seconds=300),
-    )
-    key = f"recd/spare/{spare_id}"
-    while True:
-        try:
-            store.wait([key], datetime.timedelta(seconds=60))
-            break
-        except Exception:  # not assigned yet
-            if os.getppid() != parent:
-                raise SystemExit(0) from None  # the launcher is gone
-    warming.join()  # at normal priority from here on if it was still importing
-    assignment = json.loads(store.get(key))
-    rank = str(assignment["rank"])
-    os.environ.update(
-        {
-            "RANK": rank,
-            "LOCAL_RANK": rank,
-            "ROLE_RANK": rank,
-            GENERATION_ENV: str(assignment["generation"]),
-            "TORCHELASTIC_RESTART_COUNT": str(assignment["attempt"]),
-            ROLE_ENV: "replacement",
-        }
-    )
-    os.environ.pop(SPARE_ENV, None)

@@ -1,0 +1,26 @@
+"""The environment variables of survivor recovery: how ``recd train --recovery survivor``'s
+launcher (:mod:`recd.train.agent`) tells a worker, a warm spare and a replacement what they
+are. Names only, no imports: a warm spare reads them before it has imported torch
+(:mod:`recd.train.spare`).
+"""
+
+from __future__ import annotations
+
+__all__ = ["GENERATION_ENV", "KILL_ENV", "MODE_ENV", "ROLE_ENV", "SPARE_ENV", "UNDO_ENV"]
+
+MODE_ENV = "RECD_RECOVERY"
+"""``survivor`` in the workers of ``recd train --recovery survivor``."""
+UNDO_ENV = "RECD_RECOVERY_UNDO"
+"""How a survivor takes back an update: ``copy`` (default) or ``inverse``
+(:data:`recd.recovery.undo.UndoMethod`)."""
+ROLE_ENV = "RECD_RECOVERY_ROLE"
+"""``worker`` (started with the job or by a restart), ``replacement`` or ``spare``."""
+GENERATION_ENV = "RECD_RECOVERY_GENERATION"
+"""The process group generation a worker joins first (0, then +1 per survivor recovery)."""
+SPARE_ENV = "RECD_SPARE_ID"
+"""A warm spare's id (its assignment's key in the store)."""
+KILL_ENV = "RECD_TEST_KILL"
+"""Fault injection for tests and the benchmark: ``GEN:RANK:STEP:PHASE[,...]``: the worker
+started in generation GEN as rank RANK SIGKILLs itself in step STEP at PHASE (``forward``,
+``lookup``, ``backward``, ``optimizer``, ``after_update``, ``recovery``), in the first
+attempt only (not after an elastic restart)."""
