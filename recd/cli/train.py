@@ -101,11 +101,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --recovery survivor: no warm spare process (a replacement starts cold)",
     )
     parser.add_argument(
+        "--peer-copy",
+        action="store_true",
+        help=(
+            "with --recovery survivor: every rank keeps an in-memory copy of the next lower "
+            "rank's table shards, updated from the rows each step touches, so a dead rank's "
+            "shards come back exactly instead of from the newest checkpoint (memory: one more "
+            "copy of the sharded tables with their Adam state; time: the touched rows sent "
+            "to one peer per step)"
+        ),
+    )
+    parser.add_argument(
         "--undo",
         choices=["copy", "inverse"],
-        default="copy",
         help=(
-            "with --recovery survivor, how a survivor ahead by one update takes it back: copy "
+            "with --recovery survivor (default copy), how a survivor ahead by one update takes it back: copy "
             "= keep the values each step reads or copies anyway (no work per step; 12 bytes "
             "per updated element held until the next step); inverse = SwIFT's algebraic "
             "inverse with exact corrections (4-6 bytes per updated element, but an inverse "
@@ -170,6 +180,14 @@ def run_train(args: argparse.Namespace) -> int:
         rdzv_endpoint=getattr(args, "rdzv_endpoint", None),
     )
     recovery = getattr(args, "recovery", "restart")
+    survivor_only = {
+        "--no-spare": getattr(args, "no_spare", False),
+        "--peer-copy": getattr(args, "peer_copy", False),
+        "--undo": getattr(args, "undo", None) is not None,
+    }
+    given = [flag for flag, on in survivor_only.items() if on]
+    if given and recovery != "survivor":
+        raise ConfigError(f"{', '.join(given)}: only with --recovery survivor")
     if recovery in ("survivor", "elastic") and not in_torchrun():
         if nproc < 2 or nodes.multi:
             raise ConfigError(
@@ -186,7 +204,8 @@ def run_train(args: argparse.Namespace) -> int:
                     max_restarts=getattr(args, "max_restarts", 0),
                     spare=not getattr(args, "no_spare", False),
                     survivor=recovery == "survivor",
-                    undo=getattr(args, "undo", "copy"),
+                    undo=getattr(args, "undo", None) or "copy",
+                    peer_copy=getattr(args, "peer_copy", False),
                 )
             )
     if in_torchrun():

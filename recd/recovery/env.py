@@ -6,13 +6,24 @@ are. Names only, no imports: a warm spare reads them before it has imported torc
 
 from __future__ import annotations
 
-__all__ = ["GENERATION_ENV", "KILL_ENV", "MODE_ENV", "ROLE_ENV", "SPARE_ENV", "UNDO_ENV"]
+__all__ = [
+    "GENERATION_ENV",
+    "KILL_ENV",
+    "MODE_ENV",
+    "PEER_COPY_ENV",
+    "ROLE_ENV",
+    "SPARE_ENV",
+    "UNDO_ENV",
+]
 
 MODE_ENV = "RECD_RECOVERY"
 """``survivor`` in the workers of ``recd train --recovery survivor``."""
 UNDO_ENV = "RECD_RECOVERY_UNDO"
 """How a survivor takes back an update: ``copy`` (default) or ``inverse``
 (:data:`recd.recovery.undo.UndoMethod`)."""
+PEER_COPY_ENV = "RECD_RECOVERY_PEER_COPY"
+"""``1``: every rank keeps a copy of its ring predecessor's table shards
+(:mod:`recd.recovery.peer_copy`), so a dead rank's shards come back exactly."""
 ROLE_ENV = "RECD_RECOVERY_ROLE"
 """``worker`` (started with the job or by a restart), ``replacement`` or ``spare``."""
 GENERATION_ENV = "RECD_RECOVERY_GENERATION"

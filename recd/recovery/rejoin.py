@@ -67,7 +67,15 @@ import numpy as np
 import torch
 
 from recd.errors import RecoveryError
-from recd.recovery.env import GENERATION_ENV, KILL_ENV, MODE_ENV, ROLE_ENV, UNDO_ENV
+from recd.recovery.env import (
+    GENERATION_ENV,
+    KILL_ENV,
+    MODE_ENV,
+    PEER_COPY_ENV,
+    ROLE_ENV,
+    UNDO_ENV,
+)
+from recd.recovery.peer_copy import PeerCopy, RowsAfter
 from recd.recovery.survivor import RECOVERY_FILE, append_recovery_record
 from recd.recovery.undo import UNDO_METHODS, UndoMethod
 
@@ -80,6 +88,7 @@ __all__ = [
     "GENERATION_ENV",
     "KILL_ENV",
     "MODE_ENV",
+    "PEER_COPY_ENV",
     "RECOVERY_FILE",
     "ROLE_ENV",
     "UNDO_ENV",
@@ -171,6 +180,10 @@ class RecoveryPlan:
     """When the first survivor caught the failure (epoch seconds)."""
     snapshot: int | None = None
     """The Iceberg snapshot the survivors read (None: not an Iceberg table)."""
+    shard_keepers: dict[str, int] | None = None
+    """With peer copies: failed rank (as a string, JSON's keys) -> the survivor whose copy of
+    its shards is at ``agreed_step`` (its source); a failed rank missing here loads its
+    shards from the newest checkpoint. None: no peer copies."""
 
 
 @dataclass(slots=True)
@@ -197,6 +210,8 @@ def _parse_kills(text: str) -> list[_Kill]:
 class _Progress:
     completed: int
     applied: int
+    peer_step: int | None = None
+    """The step this rank's copy of its ward's shards is at (None: no peer copy)."""
 
 
 class SurvivorRecovery:
@@ -224,6 +239,14 @@ class SurvivorRecovery:
             raise RecoveryError(f"{UNDO_ENV}={method!r}: expected one of {UNDO_METHODS}")
         self.undo_method: UndoMethod = method
         """How :attr:`undo` records are made (``copy``: no work per step)."""
+        self.peer: PeerCopy | None = None
+        """The copy of the ring predecessor's table shards (``--peer-copy``), or None."""
+        if os.environ.get(PEER_COPY_ENV) == "1":
+            fused = [t.name for t in trainer.optimizer.tables if t.fused]
+            if fused:
+                raise RecoveryError(f"--peer-copy: tables {fused} use fbgemm's fused update")
+            trainer.optimizer.keep_rows_after = True
+            self.peer = PeerCopy(trainer.optimizer)
         self.recoveries = 0
         self._dense_kept: torch.Tensor | None = None
         self._first_step_due = True  # announced in every generation, the first one too
@@ -278,6 +301,37 @@ class SurvivorRecovery:
         if "optimizer" in phases:
             trainer.optimizer.mid_step_hook = lambda: self.maybe_kill("optimizer")
 
+    # ------------------------------------------------------------------ every step
+    def start(self) -> None:
+        """Before the first step of a worker that is not a replacement (every rank at once):
+        seed the peer copies."""
+        if self.peer is not None:
+            self.peer.seed(self.trainer.step)
+
+    def after_update(self) -> None:
+        """After this rank's update, before the step's loss all-reduce: send the touched rows
+        to the keeper of this rank's shards (a failed send is a peer failure)."""
+        if self.peer is None:
+            return
+        index = {i: k for k, i in enumerate(self.peer.own)}
+        updates = [
+            RowsAfter(
+                table=index[i],
+                rows=rows,
+                weight=done.weight_after,
+                exp_avg=done.exp_avg_after,
+                exp_avg_sq=done.exp_avg_sq_after,
+            )
+            for i, rows, done in self.trainer.optimizer.rows_after
+        ]
+        self.trainer.optimizer.rows_after = []
+        self.peer.exchange(updates)
+
+    def step_completed(self) -> None:
+        """The step's loss all-reduce completed on every rank: commit the ward's rows."""
+        if self.peer is not None:
+            self.peer.commit()
+
     # ------------------------------------------------------------------ survivors
     def _key(self, generation: int, name: str) -> str:
         return f"recd/attempt_{self.attempt}/gen_{generation}/{name}"
@@ -296,7 +350,13 @@ class SurvivorRecovery:
         failure = self._wait_json(self._key(gen, "failure"), "the launcher's failure notice")
         failed = [int(r) for r in failure["failed_ranks"]]
         survivors = [r for r in range(trainer.world_size) if r not in failed]
-        mine = _Progress(completed=trainer.step, applied=int(trainer.optimizer.step_count))
+        if self.peer is not None:
+            self.peer.drop_pending()  # rows of the step that did not complete
+        mine = _Progress(
+            completed=trainer.step,
+            applied=int(trainer.optimizer.step_count),
+            peer_step=None if self.peer is None else self.peer.step,
+        )
         self.store.set(self._key(gen, f"report/{trainer.rank}"), json.dumps(asdict(mine)))
         reports = {
             r: _Progress(**self._wait_json(self._key(gen, f"report/{r}"), f"rank {r}'s report"))
@@ -352,6 +412,7 @@ class SurvivorRecovery:
                 checkpoint_step=trainer.newest_checkpoint_step(),
                 detected_at=detected_at,
                 snapshot=trainer.table_snapshot,
+                shard_keepers=None if self.peer is None else _keepers(failed, reports, agreed),
             )
         own = trainer.optimizer.local_shards(copy=True)
         trainer.leave_group()
@@ -365,6 +426,12 @@ class SurvivorRecovery:
         del own
         trainer.rejoin_hooks()
         plan = self._exchange(plan)
+        if self.peer is not None:
+            self.peer.rebind(trainer.optimizer)
+            for failed_rank, keeper in (plan.shard_keepers or {}).items():
+                if keeper == trainer.rank:
+                    self.peer.send_ward(int(failed_rank))
+            self.peer.seed(agreed)
         trainer.restart_reader(agreed)
         self._install_kills()
         self.recoveries += 1
@@ -422,8 +489,13 @@ class SurvivorRecovery:
         ckpt_step = None
         source = "initial weights (no checkpoint yet)"
         plan = self._exchange(None)
+        keeper = (plan.shard_keepers or {}).get(str(trainer.rank))
+        if keeper is not None:  # the shards as they were at the agreed step, from a peer
+            assert self.peer is not None
+            self.peer.receive_own(keeper)
+            source = f"peer copy on rank {keeper} (step {plan.agreed_step})"
         # the checkpoint's blocks hold the dense layers too: the survivor's go over them
-        if plan.checkpoint_step is not None:
+        elif plan.checkpoint_step is not None:
             path = checkpoint_path(self.run_dir, plan.checkpoint_step)
             ckpt = read_checkpoint(path, opt.layout)
             opt.load_flat(
@@ -437,6 +509,8 @@ class SurvivorRecovery:
         assert self._dense_kept is not None
         _load_dense_flat(opt, self._dense_kept, step=plan.agreed_step)
         self._dense_kept = None
+        if self.peer is not None:
+            self.peer.seed(plan.agreed_step)
         load_s = time.perf_counter() - began
         trainer.step = plan.agreed_step
         trainer.planned_total = plan.total
@@ -448,7 +522,7 @@ class SurvivorRecovery:
         )
         if plan.snapshot != trainer.table_snapshot:
             trainer.read_snapshot(plan.snapshot)
-        self._start_audit(plan, ckpt_step, source, load_s)
+        self._start_audit(plan, ckpt_step, source, load_s, from_peer=keeper is not None)
         self._first_step_due = True
         return plan
 
@@ -463,7 +537,13 @@ class SurvivorRecovery:
 
     # ------------------------------------------------------------------ the audit
     def _start_audit(
-        self, plan: RecoveryPlan, ckpt_step: int | None, source: str, load_s: float
+        self,
+        plan: RecoveryPlan,
+        ckpt_step: int | None,
+        source: str,
+        load_s: float,
+        *,
+        from_peer: bool = False,
     ) -> None:
         trainer = self.trainer
         shard_rows = {t.name: [t.rows[0], t.rows[1]] for t in trainer.optimizer.tables}
@@ -471,7 +551,11 @@ class SurvivorRecovery:
         last = plan.agreed_step
 
         def run() -> None:
-            lost = trainer.rows_touched(first, last, plan.reader_offset, shard_rows)
+            lost: dict[str, list[int]] = (
+                {name: [] for name in shard_rows}
+                if from_peer  # the shards are those of the agreed step: nothing lost
+                else trainer.rows_touched(first, last, plan.reader_offset, shard_rows)
+            )
             rows_lost = sum(len(r) for r in lost.values())
             record = {
                 "event": "survivor_recovery",
@@ -528,8 +612,19 @@ def _plan_source(store: Any, key: str, plan: RecoveryPlan | None, rank: int) -> 
     return int(store.get(key))
 
 
+def _replicated_tables(opt: Any) -> list[torch.Tensor]:
+    """Weights, m and v of every data-parallel table (every rank holds the whole table)."""
+    out = []
+    for i, table in enumerate(opt.tables):
+        if table.replicated and not table.fused:
+            m, v = opt._table_moments(i)
+            out += [table.weight, m, v]
+    return out
+
+
 def _dense_flat(opt: Any) -> torch.Tensor:
-    """Every dense parameter's weights, Adam m and v, flat (float32)."""
+    """Every dense parameter's weights, Adam m and v, then every data-parallel table's, flat
+    (float32): the state every rank holds whole."""
     m = opt.dense.moments("adam_m")
     v = opt.dense.moments("adam_v")
     parts = []
@@ -539,6 +634,7 @@ def _dense_flat(opt: Any) -> torch.Tensor:
             m[name].reshape(-1),
             v[name].reshape(-1),
         ]
+    parts += [t.detach().reshape(-1) for t in _replicated_tables(opt)]
     return torch.cat([p.to("cpu", torch.float32) for p in parts])
 
 
@@ -552,7 +648,24 @@ def _load_dense_flat(opt: Any, flat: torch.Tensor, *, step: int) -> None:
         for target in (weights, adam_m, adam_v):
             target[name] = flat[at : at + n].numpy()
             at += n
+    with torch.no_grad():
+        for t in _replicated_tables(opt):
+            t.copy_(flat[at : at + t.numel()].view(t.shape).to(t.device))
+            at += t.numel()
     opt.load_dense(step=step, weights=weights, adam_m=adam_m, adam_v=adam_v)
+
+
+def _keepers(failed: list[int], reports: dict[int, _Progress], agreed: int) -> dict[str, int]:
+    """Failed rank -> the survivor after it in the ring, where that one's copy of its shards
+    is at the agreed step (else the failed rank's shards come from the checkpoint)."""
+    world = len(reports) + len(failed)
+    out = {}
+    for rank in failed:
+        keeper = (rank + 1) % world
+        report = reports.get(keeper)
+        if report is not None and report.peer_step == agreed:
+            out[str(rank)] = keeper
+    return out
 
 
 def _local_weights(opt: Any) -> np.ndarray:

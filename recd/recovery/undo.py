@@ -335,9 +335,9 @@ class StepCapture:
         weight_decay: float,
         step: int,
         name: str | None = None,
-    ) -> None:
+    ) -> RowsStep:
         """:func:`recd.optim.lazy_adam_update_rows`, recorded (a :class:`recd.optim.RowUpdate`:
-        pass it as ``LazyAdam.step(update_rows=...)``).
+        pass it as ``LazyAdam.step(update_rows=...)``); returns what the update returns.
 
         ``name`` names the table in the record (default: its parameter's name). The update's
         pre-update rows are held until :meth:`finish`, which turns the row updates sharing
@@ -365,6 +365,7 @@ class StepCapture:
         )
         hyper = LazyHyper(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
         self._rows.append((table, hyper, step, done))
+        return done
 
     def run(self, optimizer: Any, **step_kwargs: Any) -> int | None:
         """``optimizer.step(**step_kwargs)``, captured (see :func:`step_with_undo`).

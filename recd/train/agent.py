@@ -46,7 +46,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from recd.recovery.env import GENERATION_ENV, MODE_ENV, ROLE_ENV, SPARE_ENV, UNDO_ENV
+from recd.recovery.env import (
+    GENERATION_ENV,
+    MODE_ENV,
+    PEER_COPY_ENV,
+    ROLE_ENV,
+    SPARE_ENV,
+    UNDO_ENV,
+)
 from recd.recovery.rejoin import EXIT_FALLBACK, append_event
 from recd.recovery.survivor import append_recovery_record
 
@@ -74,6 +81,8 @@ class AgentConfig:
     policy, from this launcher: the like-for-like baseline of survivor recovery)."""
     undo: str = "copy"
     """How a survivor takes back an update (``copy`` or ``inverse``: recd.recovery.undo)."""
+    peer_copy: bool = False
+    """Every rank keeps a copy of its ring predecessor's table shards (exact recovery)."""
 
 
 @dataclass(slots=True)
@@ -134,6 +143,7 @@ class _Agent:
                 "TORCHELASTIC_RUN_ID": "recd",
                 MODE_ENV: "survivor" if self.config.survivor else "elastic",
                 UNDO_ENV: self.config.undo,
+                PEER_COPY_ENV: "1" if self.config.peer_copy else "0",
                 GENERATION_ENV: str(self.job.generation),
                 ROLE_ENV: role,
             }

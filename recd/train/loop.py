@@ -300,6 +300,7 @@ class Trainer:
             self.recovery.undo = None
             self.recovery.undo = self.optimizer.step(capture=True, undo=self.recovery.undo_method)
             self.recovery.maybe_kill("after_update")
+            self.recovery.after_update()  # the touched rows to their peer copy, if kept
         if self.dist is None:
             return loss.item(), batch.batch_size
         import torch.distributed as tdist
@@ -307,6 +308,8 @@ class Trainer:
         rows = float(batch.batch_size)
         totals = torch.tensor([loss.item() * rows, rows], dtype=torch.float64, device=self.device)
         tdist.all_reduce(totals)
+        if self.recovery is not None:
+            self.recovery.step_completed()
         return float(totals[0] / totals[1]), int(totals[1])
 
     @torch.no_grad()

@@ -88,6 +88,8 @@ def run_training(
                 trainer.hooks.append(checkpointer)
             if joining and recovery is not None:
                 recovery.join()  # the survivors' state, at their step
+            elif recovery is not None:
+                recovery.start()  # every worker at once (peer copies seeded)
             result = trainer.train()
             for part in (recovery, injected):
                 if part is not None:

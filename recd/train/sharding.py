@@ -114,7 +114,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from recd.checkpoint.format import ParamLayout
 from recd.errors import ConfigError
 from recd.models.dlrm import DLRM, ModelConfig
-from recd.optim.lazy_adam import lazy_adam_update_rows
+from recd.optim.lazy_adam import RowsStep, lazy_adam_update_rows
 from recd.optim.model_adam import AdamConfig, FlatState, ModelAdam
 from recd.train.data_parallel import SyncSparseDataParallel
 
@@ -618,6 +618,12 @@ class ShardedAdam:
         ]
         self.step_count = 0
         """Optimizer steps completed."""
+        self.keep_rows_after = False
+        """Keep :attr:`rows_after` (a peer copy of the shards is on)."""
+        self.rows_after: list[tuple[int, torch.Tensor, RowsStep]] = []
+        """With :attr:`keep_rows_after`, the last :meth:`step`'s updates of this rank's sharded (not replicated) table
+        blocks: ``(index in tables, rows, the update's RowsStep)`` (what a peer copy of the
+        shards needs: :mod:`recd.recovery.peer_copy`); replaced by the next step."""
         self.mid_step_hook: Callable[[], None] | None = None
         """Called inside :meth:`step` between the dense update and the tables' (fault
         injection for recovery tests)."""
@@ -668,13 +674,16 @@ class ShardedAdam:
             if self.mid_step_hook is not None:
                 self.mid_step_hook()
             hyper = self.embedding_hyper()
-            for table, m, v, rows, grad in self._touched_shards():
+            self.rows_after = []
+            for i, (table, m, v, rows, grad) in self._touched_shards():
                 args = (table.weight, m, v, rows, grad.index_select(0, rows))
                 if capture_ is None:
-                    lazy_adam_update_rows(*args, **hyper, step=self.step_count)
+                    done = lazy_adam_update_rows(*args, **hyper, step=self.step_count)
                 else:
                     name = f"{table.name}[{table.rows[0]}:{table.rows[1]}]"
-                    capture_.update_rows(*args, **hyper, step=self.step_count, name=name)
+                    done = capture_.update_rows(*args, **hyper, step=self.step_count, name=name)
+                if self.keep_rows_after and not table.replicated:
+                    self.rows_after.append((i, rows, done))
         except BaseException:
             if capture_ is not None:
                 capture_.rollback()
@@ -704,11 +713,13 @@ class ShardedAdam:
 
     def _touched_shards(
         self,
-    ) -> Iterator[tuple[_LocalTable, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """``(table, m, v, rows, grad)`` of every local DENSE-kernel shard the batches since
-        the last step touched (rows: (R,) sorted unique local rows; grad: the shard's dense
-        gradient); consumes the recorded ids. Replicated tables all-gather their rows (a
-        collective: every rank iterates)."""
+    ) -> Iterator[
+        tuple[int, tuple[_LocalTable, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
+    ]:
+        """``(index, (table, m, v, rows, grad))`` of every local DENSE-kernel shard the
+        batches since the last step touched (index: in :attr:`tables`; rows: (R,) sorted
+        unique local rows; grad: the shard's dense gradient); consumes the recorded ids.
+        Replicated tables all-gather their rows (a collective: every rank iterates)."""
         touched, self._touched = self._touched, {}
         for i, table in enumerate(self.tables):
             if table.fused:
@@ -721,7 +732,7 @@ class ShardedAdam:
             if rows is None or rows.numel() == 0 or grad is None:
                 continue
             m, v = self._moments[i]
-            yield table, m, v, rows, grad
+            yield i, (table, m, v, rows, grad)
 
     def _all_gather_rows(self, rows: torch.Tensor | None, device: torch.device) -> torch.Tensor:
         """Union over ranks of the rows a data-parallel table was looked up at."""

@@ -79,7 +79,7 @@ def _worker(rank: int, world_size: int, method: str) -> dict[str, Any]:
     class FailingCapture(StepCapture):
         """Fails after the first table shard's update, as a dying peer's collective would."""
 
-        def update_rows(self, *args: Any, **kwargs: Any) -> None:
+        def update_rows(self, *args: Any, **kwargs: Any) -> Any:
             super().update_rows(*args, **kwargs)
             raise RuntimeError("peer died")
 

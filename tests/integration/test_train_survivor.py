@@ -159,6 +159,41 @@ def test_recovery_at_a_checkpoint_step_is_bit_exact(
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_with_peer_copies_every_recovery_is_bit_exact(
+    tmp_path: Path, table: Path, reference: Path
+) -> None:
+    # Kills far from the checkpoints (5, 10, 15), in three phases, on both ranks: the dead
+    # rank's shards come back from its keeper's copy at the agreed step, not from the
+    # checkpoint, so nothing is lost and the run ends in the reference's bytes.
+    kills = "0:1:3:forward,0:0:8:optimizer,1:1:12:after_update"
+    config = _config(tmp_path, table, "run")
+    proc = _train(config, "--recovery", "survivor", "--peer-copy", kills=kills)
+    run_dir = tmp_path / "run"
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    records = _records(run_dir)
+    assert [r["route"] for r in records] == ["survivor"] * 3
+    assert [r["failed_ranks"] for r in records] == [[1], [0], [1]]
+    assert [r["agreed_step"] for r in records] == [2, 7, 11]
+    for r, keeper in zip(records, [0, 1, 0], strict=True):
+        assert r["embedding_source"] == f"peer copy on rank {keeper} (step {r['agreed_step']})"
+        assert r["embedding_checkpoint_step"] is None
+        assert sum(r["rows_lost_updates"].values()) == 0 and r["bit_exact"]
+    assert [len(r["undone"]) for r in records] == [0, 1, 1]
+    _assert_history_complete(run_dir)
+    assert list(read_loss_history(run_dir).losses) == list(read_loss_history(reference).losses)
+    final = f"step_{STEPS:06d}.bin"
+    assert (run_dir / final).read_bytes() == (reference / final).read_bytes()
+
+
+def test_survivor_options_need_the_survivor_route(tmp_path: Path, table: Path) -> None:
+    for option in (["--peer-copy"], ["--undo", "inverse"], ["--no-spare"]):
+        proc = _train(_config(tmp_path, table, "run"), *option)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert f"{option[0]}: only with --recovery survivor" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_a_kill_during_recovery_falls_back_to_the_elastic_restart(
     tmp_path: Path, table: Path, reference: Path
 ) -> None:
