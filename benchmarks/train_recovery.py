@@ -1,47 +1,57 @@
 """Recovery inside ``recd train``: survivor recovery against restart-and-reload, same launcher.
 
-    python benchmarks/train_recovery.py            # 10 kills per route, 4 failure-free pairs
-    python benchmarks/train_recovery.py --quick    # 3 kills per route, 2 pairs
+    python benchmarks/train_recovery.py            # 10 kills per killed route, 4 free runs
+    python benchmarks/train_recovery.py --quick    # 2 kills per route, 1 free run, 60 steps
                                                    # (writes train_recovery_quick.json / .md)
 
 The job is the user's: ``recd train --nproc 2`` on the tiny profile's table (1000 sessions
 through the real generate -> shard -> ETL), a DLRM with its tables sharded row-wise over 2 CPU
 processes (gloo, one torch thread each), ``--steps`` steps, a checkpoint every
-``--checkpoint-every``. Both routes run under recd's launcher (:mod:`recd.train.agent`):
+``--checkpoint-every``. Every route runs under recd's launcher (:mod:`recd.train.agent`):
 
 - ``survivor`` (``--recovery survivor``): the survivor keeps its state, the warm spare
-  replaces the dead rank, the dead shard comes from the newest checkpoint;
+  (started with the group, importing at idle priority) replaces the dead rank, the dead shard
+  comes from the newest checkpoint (its rows updated since lose those updates: audited);
+- ``survivor_peer`` (``--recovery survivor --peer-copy``): the same, the dead shard from the
+  survivor's in-memory copy (bit-exact);
 - ``elastic`` (``--recovery elastic --max-restarts 1``): every worker is stopped and the
   group restarts from the newest checkpoint, replaying the steps since (torchrun's policy,
-  from the same launcher, so both pay the same process start-up).
+  from the same launcher, so both pay the same process start-up);
+- failure-free only: ``survivor_nospare`` (``--no-spare``), which separates the spare's cost
+  from the capture's.
 
-Each failing run SIGKILLs one worker (rank and step drawn uniformly, the step after the first
+Each failing run SIGKILLs one worker (rank and step drawn uniformly, after the first
 checkpoint) at a phase drawn uniformly from the forward (before the input all-to-all), the
 sharded lookup (between the all-to-alls), the backward and the optimizer step
-(``RECD_TEST_KILL``); the draws are seeded and the same schedule is used for both routes. All
-runs (failing ones of both routes, failure-free pairs) go in one seeded random order.
+(``RECD_TEST_KILL``); the draws are seeded and the same schedule is used for every killed
+route. All runs (failing ones and failure-free ones of every route) go in one seeded random
+order; a failed run is counted and reported.
 
 Measured:
 
-- **recovery time** of a run = its wall time minus the median wall time of the failure-free
-  runs of the same route (everything the failure cost: detection, restart or replacement,
-  state, replayed steps); ``recovery_time_ratio`` = median survivor / median elastic (range:
-  min / max .. max / min);
+- **recovery time** of a run = its wall time minus the median wall time of the same route's
+  failure-free runs (everything the failure cost: detection, restart or replacement, state,
+  replayed steps); ``recovery_time_ratio`` = median survivor / median elastic (range: min /
+  max .. max / min), and the same with ``--peer-copy``;
 - survivor phases from the workers' events (``recovery/events.jsonl``): detection (kill ->
   the survivor's failed collective), agreement (+ undo), join (the replacement built and in
-  the new process group), transfer (plan, dense state, the dead shard from the checkpoint),
-  first step; ``total`` = kill -> the step in flight completed by every rank;
-- **failure-free overhead**: the update-undo capture. Failure-free runs of both routes in
-  pairs (survivor captures every step, elastic does not); the overhead is the median of
-  (survivor step time / elastic step time - 1) over the pairs, step time = rank 0's
-  training time / steps (``train.json``);
+  the new process group), transfer (plan, dense state, the dead shard), first step; whether
+  the spare had finished its imports when it was swapped in;
+- **failure-free cost** on this job: each route's median step time over the elastic route's
+  (``train.json``: training time / steps); and, from ``benchmarks/undo_overhead.py``, the
+  same cost on the trainer benchmark's model, where the step is long enough to measure it
+  with a confidence interval;
 - **simulated speedup** (SwIFT's methodology, :func:`benchmarks.recovery.simulate_speedup`):
   a job of ``--work-hours`` with failures uniform on [0, 2 x 17 h]; the checkpoint strategy
   rolls back to the last checkpoint and pays the elastic route's fixed cost; survivor loses
-  the step in flight and pays its fixed cost, and every step pays the measured overhead.
-  Fixed costs = the measured recovery times minus their replayed steps; checkpoint writes cost
-  both strategies the same and are left out. At this job's scale (state below), not
-  extrapolated.
+  the step in flight and pays its fixed cost, and every step pays the failure-free overhead.
+  Checkpoint writes cost both strategies the same and are left out. Two scales: *this job*
+  (every input measured here) and *at scale* (the headline): the trainer benchmark's step and
+  measured overhead, a ``--scale-checkpoint-gb`` checkpoint reloaded whole by the restart and
+  half (the dead rank's shards) by the survivor at the cold-read bandwidth measured here (a
+  1 GB file evicted from the page cache), or sent by the peer copy at the ring bandwidth
+  measured from the runs' peer-copy seeds; every other cost as measured on this job. A
+  variant at the overhead interval's bad end is reported beside it.
 """
 
 from __future__ import annotations
@@ -58,16 +68,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.recovery import make_table, simulate_speedup  # noqa: E402
+from benchmarks.recovery import draw_gaps, make_table, simulate_speedup  # noqa: E402
 from recd.recovery.rejoin import read_events  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 PHASES = ("forward", "lookup", "backward", "optimizer")
+ROUTE_OPTIONS: dict[str, list[str]] = {
+    "survivor": ["--recovery", "survivor"],
+    "survivor_nospare": ["--recovery", "survivor", "--no-spare"],
+    "survivor_peer": ["--recovery", "survivor", "--peer-copy"],
+    "elastic": ["--recovery", "elastic", "--max-restarts", "1"],
+}
+KILLED_ROUTES = ("survivor", "survivor_peer", "elastic")
+"""Routes run with kills (the failure-free runs: every route of ROUTE_OPTIONS)."""
 
 
 def write_config(work: Path, table: Path, args: argparse.Namespace) -> Path:
@@ -120,11 +136,8 @@ def run_one(config: Path, run_dir: Path, route: str, kill: str | None) -> dict[s
         "2",
         "--run-dir",
         str(run_dir),
-        "--recovery",
-        route,
+        *ROUTE_OPTIONS[route],
     ]
-    if route == "elastic":
-        command += ["--max-restarts", "1"]
     began = time.perf_counter()
     proc = subprocess.run(
         command, capture_output=True, text=True, env=env, timeout=600, check=False
@@ -157,8 +170,16 @@ def run_one(config: Path, run_dir: Path, route: str, kill: str | None) -> dict[s
         | {"rows_lost": sum((r.get("rows_lost_updates") or {}).values())}
         for r in records
     ]
-    if kill and route == "survivor":
-        out["phases"] = survivor_phases(read_events(run_dir))
+    events = read_events(run_dir)
+    if kill and route.startswith("survivor"):
+        out["phases"] = survivor_phases(events)
+        out["replacement"] = [e["how"] for e in events if e["event"] == "spawn" and "replaced" in e]
+    seeds = [e for e in events if e["event"] == "peer_seed"]
+    if seeds:
+        out["peer_seed"] = {
+            "bytes": sum(e["bytes"] for e in seeds[:2]),
+            "seconds": max(e["seconds"] for e in seeds[:2]),
+        }
     return out
 
 
@@ -197,13 +218,36 @@ def spread(values: list[float]) -> dict[str, float | None]:
     }
 
 
+def cold_read_bytes_per_s(work: Path, size_bytes: int) -> float:
+    """Read bandwidth of a file not in the page cache (written, fsynced, evicted with
+    POSIX_FADV_DONTNEED): what a restart reloading a checkpoint of that size pays."""
+    path = work / "read_probe.bin"
+    block = os.urandom(1 << 20)
+    with path.open("wb") as f:
+        for _ in range(size_bytes >> 20):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        began = time.perf_counter()
+        while os.read(fd, 1 << 24):
+            pass
+        seconds = time.perf_counter() - began
+    finally:
+        os.close(fd)
+        path.unlink()
+    return size_bytes / seconds
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--kills", type=int, default=10, help="failing runs per route")
+    parser.add_argument("--kills", type=int, default=10, help="failing runs per killed route")
     parser.add_argument("--pairs", type=int, default=4, help="failure-free runs per route")
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--checkpoint-every", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--checkpoint-every", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", type=Path, default=Path("/tmp/recd-train-recovery"))
@@ -214,9 +258,21 @@ def main(argv: list[str] | None = None) -> int:
         "--cadence-hours", type=float, nargs="+", default=[0.25, 0.5, 1.0, 2.0, 4.0]
     )
     parser.add_argument("--headline-cadence", type=float, default=1.0)
+    parser.add_argument(
+        "--scale-checkpoint-gb",
+        type=float,
+        default=1.0,
+        help="checkpoint size (weights + Adam m, v) the scaled simulation reloads",
+    )
+    parser.add_argument(
+        "--overhead-json",
+        type=Path,
+        default=RESULTS / "undo_overhead.json",
+        help="the failure-free overhead measured on the trainer benchmark's model",
+    )
     args = parser.parse_args(argv)
     if args.quick:
-        args.kills, args.pairs = 3, 2
+        args.kills, args.pairs, args.steps, args.checkpoint_every = 2, 1, 60, 10
     args.work.mkdir(parents=True, exist_ok=True)
     table = make_table(args.work)
     config = write_config(args.work, table, args)
@@ -229,10 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         for _ in range(args.kills)
     ]
-    runs_planned = [(route, i) for route in ("survivor", "elastic") for i in range(args.kills)]
-    runs_planned += [
-        (f"{route}_free", i) for route in ("survivor", "elastic") for i in range(args.pairs)
-    ]
+    runs_planned = [(route, i) for route in KILLED_ROUTES for i in range(args.kills)]
+    runs_planned += [(f"{route}_free", i) for route in ROUTE_OPTIONS for i in range(args.pairs)]
     rng.shuffle(runs_planned)
     runs: list[dict[str, Any]] = []
     load_before = os.getloadavg()[0]
@@ -252,30 +306,44 @@ def main(argv: list[str] | None = None) -> int:
             f"rc {out['rc']}",
             flush=True,
         )
-    report = summarize(runs, args, load_before)
+    load_after = os.getloadavg()[0]
+    bandwidth = cold_read_bytes_per_s(args.work, 1 << 30)
+    overhead = json.loads(args.overhead_json.read_text()) if args.overhead_json.is_file() else None
+    report = summarize(runs, args, (load_before, load_after), bandwidth, overhead)
     write_outputs(report, args)
     return 0
 
 
+def _ratio(a: dict[str, Any], b: dict[str, Any]) -> tuple[float | None, list[float] | None]:
+    """median a / median b, and the range min a / max b .. max a / min b."""
+    if a["median"] is None or not b["median"]:
+        return None, None
+    return a["median"] / b["median"], [a["min"] / b["max"], a["max"] / b["min"]]
+
+
 def summarize(
-    runs: list[dict[str, Any]], args: argparse.Namespace, load_before: float
+    runs: list[dict[str, Any]],
+    args: argparse.Namespace,
+    load: tuple[float, float],
+    read_bytes_per_s: float,
+    overhead_run: dict[str, Any] | None,
 ) -> dict[str, Any]:
     ok = [r for r in runs if r["rc"] == 0]
-    free = {
-        route: [r for r in ok if r["name"] == f"{route}_free"] for route in ("survivor", "elastic")
+    free = {route: [r for r in ok if r["name"] == f"{route}_free"] for route in ROUTE_OPTIONS}
+    free_wall = {
+        route: statistics.median([r["wall_s"] for r in rs]) if rs else math.nan
+        for route, rs in free.items()
     }
-    free_wall = {route: statistics.median([r["wall_s"] for r in rs]) for route, rs in free.items()}
     cost = {
-        route: [r["wall_s"] - free_wall[route] for r in ok if r["name"] == route]
-        for route in ("survivor", "elastic")
+        route: spread([r["wall_s"] - free_wall[route] for r in ok if r["name"] == route])
+        for route in KILLED_ROUTES
     }
-    steps = {route: [r["step_s"] for r in rs] for route, rs in free.items()}
-    pairs = [
-        s / e - 1.0
-        for s, e in zip(sorted(steps["survivor"]), sorted(steps["elastic"]), strict=False)
-    ]
-    overhead = statistics.median(steps["survivor"]) / statistics.median(steps["elastic"]) - 1.0
-    step_s = statistics.median(steps["elastic"])
+    steps = {route: spread([r["step_s"] for r in rs]) for route, rs in free.items()}
+    job_overhead = {
+        route: _ratio(steps[route], steps["elastic"])
+        for route in ROUTE_OPTIONS
+        if route != "elastic"
+    }
     lost = [
         rec["steps_lost"]
         for r in ok
@@ -283,131 +351,260 @@ def summarize(
         for rec in r["records"]
         if rec.get("steps_lost") is not None
     ]
-    phases = [r["phases"] for r in ok if r["name"] == "survivor" and r.get("phases")]
-    phase_medians = (
-        {k: statistics.median([p[k] for p in phases]) for k in phases[0]} if phases else {}
-    )
-    s, e = spread(cost["survivor"]), spread(cost["elastic"])
-    ratio = s["median"] / e["median"] if s["median"] is not None and e["median"] else None
-    ratio_range = (
-        [s["min"] / e["max"], s["max"] / e["min"]]
-        if ratio is not None and e["min"] and e["max"]
+    phases: dict[str, dict[str, float]] = {}
+    for route in ("survivor", "survivor_peer"):
+        ps = [r["phases"] for r in ok if r["name"] == route and r.get("phases")]
+        phases[route] = {k: statistics.median([p[k] for p in ps]) for k in ps[0]} if ps else {}
+    replacements = [
+        h for r in ok if r["name"].startswith("survivor") for h in r.get("replacement", [])
+    ]
+    ratio, ratio_range = _ratio(cost["survivor"], cost["elastic"])
+    peer_ratio, peer_range = _ratio(cost["survivor_peer"], cost["elastic"])
+    lost_median = statistics.median(lost) if lost else 0.0
+    job_step_s = steps["elastic"]["median"]
+    fixed = {
+        "restart": max(cost["elastic"]["median"] - (lost_median + 1) * job_step_s, 0.0),
+        "survivor": max(cost["survivor"]["median"] - job_step_s, 0.0),
+        "survivor_peer": max(cost["survivor_peer"]["median"] - job_step_s, 0.0),
+    }
+    seeds = [r["peer_seed"] for r in ok if r.get("peer_seed")]
+    peer_bytes_per_s = (
+        statistics.median(x["bytes"] / x["seconds"] for x in seeds if x["seconds"])
+        if seeds
         else None
     )
-    lost_median = statistics.median(lost) if lost else 0.0
-    inputs = {
-        "step_s": step_s,
-        "undo_overhead": max(overhead, 0.0),
-        "checkpoint_cost_s": 0.0,
-        "restart_fixed_s": max(e["median"] - (lost_median + 1) * step_s, 0.0),
-        "survivor_fixed_s": max(s["median"] - step_s, 0.0),
-        "survivor_lost_steps": 1.0,
-    }
-    rng = np.random.default_rng(args.seed)
-    mtbf_s = args.mtbf_median_hours * 3600
-    gaps = rng.uniform(
-        0.0, 2 * mtbf_s, (args.trials, int(args.work_hours * 3600 / mtbf_s * 4) + 50)
+    gaps = draw_gaps(args)
+
+    def variant(
+        step_s: float, overheads: dict[str, float], fixed_: dict[str, float]
+    ) -> dict[str, Any]:
+        out = {}
+        for route in ("survivor", "survivor_peer"):
+            inputs = {
+                "step_s": step_s,
+                "undo_overhead": overheads[route],
+                "checkpoint_cost_s": 0.0,
+                "restart_fixed_s": fixed_["restart"],
+                "survivor_fixed_s": fixed_[route],
+                "survivor_lost_steps": 1.0,
+            }
+            rows = [
+                simulate_speedup(inputs, gaps, args.work_hours * 3600, h)
+                for h in args.cadence_hours
+            ]
+            headline = next(r for r in rows if r["cadence_hours"] == args.headline_cadence)
+            out[route] = {"inputs": inputs, "rows": rows, "speedup": headline["speedup"]}
+        return out
+
+    # this job, as measured
+    job_sim = variant(
+        job_step_s,
+        {r: max((job_overhead[r][0] or 1.0) - 1.0, 0.0) for r in ("survivor", "survivor_peer")},
+        fixed,
     )
-    rows = [simulate_speedup(inputs, gaps, args.work_hours * 3600, h) for h in args.cadence_hours]
-    headline = next(r for r in rows if r["cadence_hours"] == args.headline_cadence)
-    rows_lost = [rec["rows_lost"] for r in ok if r["name"] == "survivor" for rec in r["records"]]
-    exact = sum(
-        bool(rec["bit_exact"]) for r in ok if r["name"] == "survivor" for rec in r["records"]
-    )
+    # at scale: the trainer benchmark's model (its step and measured overhead), a checkpoint
+    # of --scale-checkpoint-gb reloaded at the measured cold-read bandwidth, 2 ranks
+    scale_bytes = args.scale_checkpoint_gb * 1e9
+    scaled: dict[str, Any] = {"measured": False, "reason": f"{args.overhead_json} not found"}
+    if overhead_run is not None:
+        step_at_scale = overhead_run["methods"]["plain"]["step_ms"]["median"] / 1e3
+        shard_bytes = scale_bytes / 2
+        peer_bw = peer_bytes_per_s or read_bytes_per_s
+        fixed_scaled = {
+            "restart": fixed["restart"] + scale_bytes / read_bytes_per_s,
+            "survivor": fixed["survivor"] + shard_bytes / read_bytes_per_s,
+            "survivor_peer": fixed["survivor_peer"] + shard_bytes / peer_bw,
+        }
+        o = overhead_run
+        point = {
+            "survivor": max(o["failure_free_overhead"], 0.0),
+            "survivor_peer": max(o["failure_free_overhead_peer_copy"], 0.0),
+        }
+        bad_end = {
+            "survivor": max(o["failure_free_overhead_upper95"], 0.0),
+            "survivor_peer": max(o["failure_free_overhead_peer_copy_ci95"][1], 0.0),
+        }
+        measured = variant(step_at_scale, point, fixed_scaled)
+        upper = variant(step_at_scale, bad_end, fixed_scaled)
+        scaled = {
+            "measured": True,
+            "scale": f"the trainer benchmark's RM1-like DLRM step ({step_at_scale * 1e3:.0f} ms, "
+            f"2 ranks x batch {overhead_run['protocol']['batch_size']}) and its measured "
+            f"failure-free overhead; a {args.scale_checkpoint_gb:g} GB checkpoint (weights + "
+            "Adam m, v; about 83M parameters), the restart reloading all of it and the "
+            "survivor the dead rank's half, at the measured cold-read bandwidth (peer copy: "
+            "the measured ring-transfer bandwidth); launcher, imports and agreement as "
+            "measured on this job",
+            "checkpoint_bytes": scale_bytes,
+            "cold_read_bytes_per_s": read_bytes_per_s,
+            "peer_transfer_bytes_per_s": peer_bytes_per_s,
+            "fixed_s": fixed_scaled,
+            "measured_overhead": measured,
+            "overhead_upper95": upper,
+        }
+    headline = scaled["measured_overhead"] if scaled.get("measured") else job_sim
     return {
         "benchmark": "train_recovery",
         "command": "python benchmarks/train_recovery.py" + (" --quick" if args.quick else ""),
         "protocol": {
             "job": f"recd train --nproc 2, tiny profile table, DLRM row-wise, {args.steps} steps, "
             f"checkpoint every {args.checkpoint_every}, batch {args.batch_size}",
-            "routes": "survivor (--recovery survivor) vs elastic (--recovery elastic "
-            "--max-restarts 1), the same launcher",
+            "routes": {k: " ".join(v) for k, v in ROUTE_OPTIONS.items()},
             "kills_per_route": args.kills,
             "failure_free_per_route": args.pairs,
             "schedule_seed": args.seed,
             "order": [r["name"] for r in runs],
             "recovery_time": "wall of a failing run - median wall of the same route's "
             "failure-free runs",
-            "overhead": "median survivor step time / median elastic step time - 1 "
-            "(failure-free runs)",
-            "load_average_before": load_before,
-            "load_average_after": os.getloadavg()[0],
+            "overhead": "median step time of a route's failure-free runs / the elastic "
+            "route's - 1 (range: min/max .. max/min)",
+            "load_average_1min": {"before": load[0], "after": load[1]},
             "cpu_count": os.cpu_count(),
         },
         "failed_runs": {
             name: sum(1 for r in runs if r["name"] == name and r["rc"] != 0)
-            for name in ("survivor", "elastic", "survivor_free", "elastic_free")
+            for name in [*KILLED_ROUTES, *(f"{r}_free" for r in ROUTE_OPTIONS)]
         },
-        "recovery_s": {"survivor": s, "elastic": e},
+        "recovery_s": cost,
         "recovery_time_ratio": ratio,
         "recovery_time_ratio_range": ratio_range,
-        "survivor_phases_median_s": phase_medians,
+        "recovery_time_ratio_peer_copy": peer_ratio,
+        "recovery_time_ratio_peer_copy_range": peer_range,
+        "survivor_phases_median_s": phases["survivor"],
+        "survivor_peer_phases_median_s": phases["survivor_peer"],
+        "replacements": {h: replacements.count(h) for h in sorted(set(replacements))},
         "elastic_steps_lost": spread([float(x) for x in lost]),
-        "survivor_rows_lost": spread([float(x) for x in rows_lost]),
-        "survivor_bit_exact_recoveries": exact,
+        "rows_lost": {
+            route: spread(
+                [float(rec["rows_lost"]) for r in ok if r["name"] == route for rec in r["records"]]
+            )
+            for route in ("survivor", "survivor_peer")
+        },
+        "bit_exact_recoveries": {
+            route: [
+                sum(
+                    bool(rec["bit_exact"]) for r in ok if r["name"] == route for rec in r["records"]
+                ),
+                sum(len(r["records"]) for r in ok if r["name"] == route),
+            ]
+            for route in ("survivor", "survivor_peer")
+        },
         "failure_free": {
             "wall_s": free_wall,
-            "step_s": {k: spread(v) for k, v in steps.items()},
-            "overhead_fraction": overhead,
-            "overhead_fraction_by_sorted_pairs": pairs,
+            "step_s": steps,
+            "overhead_vs_elastic": {
+                k: {"median": v[0], "range": v[1]} for k, v in job_overhead.items()
+            },
+        },
+        "failure_free_overhead_trainer_model": None
+        if overhead_run is None
+        else {
+            k: overhead_run[k]
+            for k in (
+                "failure_free_overhead",
+                "failure_free_overhead_ci95",
+                "failure_free_overhead_upper95",
+                "failure_free_overhead_peer_copy",
+                "failure_free_overhead_peer_copy_ci95",
+            )
         },
         "simulation": {
-            "scale": "this job's measured costs (2 CPU ranks, tiny DLRM), not extrapolated",
-            "inputs": inputs,
             "scenario": {
                 "work_hours": args.work_hours,
                 "mtbf_median_hours": args.mtbf_median_hours,
                 "trials": args.trials,
                 "failure_gaps": "uniform on [0, 2 x median]",
+                "checkpoint_writes": "cost both strategies the same: left out",
             },
-            "rows": rows,
+            "this_job": job_sim,
+            "at_scale": scaled,
         },
-        "simulated_speedup": headline["speedup"],
+        "simulated_speedup": headline["survivor"]["speedup"],
+        "simulated_speedup_peer_copy": headline["survivor_peer"]["speedup"],
         "headline_cadence_hours": args.headline_cadence,
         "runs": runs,
     }
+
+
+def _f(x: float | None, digits: int = 3) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
 def write_outputs(report: dict[str, Any], args: argparse.Namespace) -> None:
     name = "train_recovery_quick" if args.quick else "train_recovery"
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=1, default=str))
-    s, e = report["recovery_s"]["survivor"], report["recovery_s"]["elastic"]
+    cost = report["recovery_s"]
     ff = report["failure_free"]
     rr = report["recovery_time_ratio_range"] or [math.nan, math.nan]
+    pr = report["recovery_time_ratio_peer_copy_range"] or [math.nan, math.nan]
+    tm = report["failure_free_overhead_trainer_model"]
     lines = [
         f"`recovery_time_ratio` inside `recd train` (survivor / elastic restart, same launcher): "
-        f"**{report['recovery_time_ratio']:.3f}** (range {rr[0]:.3f}-{rr[1]:.3f}; "
-        f"{s['n']} + {e['n']} kills; failed runs: {report['failed_runs']})",
+        f"**{_f(report['recovery_time_ratio'])}** (range {_f(rr[0])}-{_f(rr[1])}); with "
+        f"`--peer-copy`: {_f(report['recovery_time_ratio_peer_copy'])} ({_f(pr[0])}-{_f(pr[1])}). "
+        f"Failed runs: {report['failed_runs']}.",
         "",
-        f"Failure-free overhead of survivor mode (update-undo capture): "
-        f"**{100 * ff['overhead_fraction']:.1f}%** of a step "
-        f"({ff['step_s']['survivor']['median'] * 1e3:.1f} vs "
-        f"{ff['step_s']['elastic']['median'] * 1e3:.1f} ms). Simulated speedup at measured "
-        f"costs, checkpoint cadence {report['headline_cadence_hours']} h: "
-        f"**{report['simulated_speedup']:.3f}x**.",
+        f"Simulated speedup at measured costs (scaled, cadence {report['headline_cadence_hours']} "
+        f"h): **{_f(report['simulated_speedup'])}x**, with `--peer-copy` "
+        f"{_f(report['simulated_speedup_peer_copy'])}x.",
         "",
         f"Job: {report['protocol']['job']}; `{report['command']}`",
         "",
-        "| route | recovery s (median) | min-max | steps lost | rows that lost updates |",
-        "|---|---|---|---|---|",
-        f"| survivor | {s['median']:.2f} | {s['min']:.2f}-{s['max']:.2f} | 0 (1 redone) | "
-        f"{report['survivor_rows_lost']['median']} (median; "
-        f"{report['survivor_bit_exact_recoveries']} bit-exact) |",
-        f"| elastic restart | {e['median']:.2f} | {e['min']:.2f}-{e['max']:.2f} | "
-        f"{report['elastic_steps_lost']['median']} (median) | 0 (replayed exactly) |",
+        "| route | recovery s (median) | min-max | steps lost | rows that lost updates | bit-exact |",
+        "|---|---|---|---|---|---|",
+    ]
+    for route, label in (("survivor", "survivor"), ("survivor_peer", "survivor --peer-copy")):
+        c, rows = cost[route], report["rows_lost"][route]
+        exact = report["bit_exact_recoveries"][route]
+        lines.append(
+            f"| {label} | {_f(c['median'], 2)} | {_f(c['min'], 2)}-{_f(c['max'], 2)} | 0 (1 redone) "
+            f"| {_f(rows['median'], 0)} (median) | {exact[0]} of {exact[1]} |"
+        )
+    e = cost["elastic"]
+    lines += [
+        f"| elastic restart | {_f(e['median'], 2)} | {_f(e['min'], 2)}-{_f(e['max'], 2)} | "
+        f"{_f(report['elastic_steps_lost']['median'], 1)} (median, replayed) | 0 | all |",
         "",
         "Survivor phases (median s): "
         + ", ".join(f"{k} {v:.3f}" for k, v in report["survivor_phases_median_s"].items()),
+        "; replacements: " + ", ".join(f"{k} x{v}" for k, v in report["replacements"].items()),
         "",
-        "| cadence h | checkpoint wall h | survivor wall h | speedup |",
-        "|---|---|---|---|",
-    ]
-    for row in report["simulation"]["rows"]:
-        lines.append(
-            f"| {row['cadence_hours']} | {row['checkpoint_wall_hours']:.2f} | "
-            f"{row['survivor_wall_hours']:.2f} | {row['speedup']:.3f} |"
+        "Failure-free step time of this job vs the elastic route (median ratio - 1, range): "
+        + ", ".join(
+            f"{k} {_f(v['median'] and v['median'] - 1, 3)}"
+            for k, v in ff["overhead_vs_elastic"].items()
         )
+        + ".",
+    ]
+    if tm is not None:
+        lo, hi = tm["failure_free_overhead_ci95"]
+        plo, phi = tm["failure_free_overhead_peer_copy_ci95"]
+        lines.append(
+            f"On the trainer benchmark's model (`benchmarks/undo_overhead.py`): "
+            f"{100 * tm['failure_free_overhead']:+.2f}% [{100 * lo:+.2f}%, {100 * hi:+.2f}%], "
+            f"`--peer-copy` {100 * tm['failure_free_overhead_peer_copy']:+.2f}% "
+            f"[{100 * plo:+.2f}%, {100 * phi:+.2f}%]."
+        )
+    sim = report["simulation"]
+    for title, block in (("at scale", sim["at_scale"]), ("this job", sim["this_job"])):
+        if not block or block.get("measured") is False:
+            continue
+        rows_block = block.get("measured_overhead", block)
+        lines += [
+            "",
+            f"Simulation, {title}" + (f": {block['scale']}" if "scale" in block else "") + ".",
+            "",
+            "| cadence h | checkpoint wall h | survivor wall h | speedup | with --peer-copy |",
+            "|---|---|---|---|---|",
+        ]
+        for a, b in zip(
+            rows_block["survivor"]["rows"], rows_block["survivor_peer"]["rows"], strict=True
+        ):
+            lines.append(
+                f"| {a['cadence_hours']} | {a['checkpoint_wall_hours']:.2f} | "
+                f"{a['survivor_wall_hours']:.2f} | {a['speedup']:.3f} | {b['speedup']:.3f} |"
+            )
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

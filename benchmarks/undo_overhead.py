@@ -12,7 +12,9 @@ survivor recovery is a net win. Two ways to keep it (``recd train --undo``):
   dense layers' weights, m and v that the capture takes before torch's in-place Adam, and the
   table rows the lazy row-sparse Adam gathers before it writes; no work after the update;
 - ``inverse``: SwIFT's algebraic inverse, made exact by corrections computed after every
-  update (smaller record, an inverse pass per step).
+  update (smaller record, an inverse pass per step);
+- ``copy+peer``: ``copy`` plus ``--peer-copy`` (each rank sends the rows its update touched to
+  the rank keeping a copy of its shards, :mod:`recd.recovery.peer_copy`).
 
 Model and data: the trainer benchmark's (``benchmarks/trainer.py``): the RM1-like DLRM of the
 profile (sequence transformers, DedupMode FULL: lookups and transformers once per distinct row),
@@ -21,9 +23,11 @@ clustered table; 2 ranks (gloo, 1 thread each, forked), tables sharded table-wis
 ``recd.train.sharding`` (the sharded trainer ``recd train --nproc 2`` runs), Adam lr 3e-3.
 
 Protocol. Each repetition is a fresh pair of ranks; after the warm-up steps (plain), every
-step is one of ``plain`` (``ShardedAdam.step()``), ``copy`` and ``inverse``
-(``step(capture=True, undo=...)``), in rounds holding each once, in an order drawn from a
-generator seeded by ``--seed`` and the repetition (the same on both ranks). A step's time is
+step is one of ``plain`` (``ShardedAdam.step()``), ``copy``, ``inverse``
+(``step(capture=True, undo=...)``) and ``copy+peer``, in rounds holding each once, in an order drawn from a
+generator seeded by ``--seed`` and the repetition (the same on both ranks); the steps of a
+round train on the same batch (rank r of round j: converted batch 2j + r), so that the
+batch's content, which sets most of a step's time, is the same on both sides of a pair. A step's time is
 zero_grad + forward + loss + backward + optimizer step (+ capture), the slower rank's, between
 barriers; the optimizer step alone is recorded too. Overhead = sum(method's steps) /
 sum(plain steps) - 1 over the rounds of every repetition, paired by round, with a 95%
@@ -67,7 +71,8 @@ from benchmarks.trainer import (  # noqa: E402
 from recd.stats import spread  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-METHODS = ("plain", "copy", "inverse")
+METHODS = ("plain", "copy", "inverse", "copy+peer")
+"""``copy+peer``: the ``copy`` capture plus the peer copy of the shards (``--peer-copy``)."""
 WORLD = 2
 WARMUP_STEPS = 3
 
@@ -106,10 +111,17 @@ def _rank(spec: dict[str, Any], rank: int, out: Path) -> None:
             plan="table_wise",
             seed=spec["seed"],
         )
+        from recd.recovery.peer_copy import PeerCopy, RowsAfter
+
+        peer = PeerCopy(opt)
+        peer.seed(0)
+        index = {i: k for k, i in enumerate(peer.own)}
         files = sorted(Path(spec["batch_dir"]).glob("*.pkl"))
         times: list[dict[str, Any]] = []
         for i, method in enumerate(spec["order"]):
-            with files[(i * WORLD + rank) % len(files)].open("rb") as f:
+            # the methods of a round train on the same batch (its content sets the step time)
+            b = i if i < WARMUP_STEPS else WARMUP_STEPS + (i - WARMUP_STEPS) // len(METHODS)
+            with files[(b * WORLD + rank) % len(files)].open("rb") as f:
                 batch = pickle.load(f)
             dist.barrier()
             t0 = time.perf_counter()
@@ -117,7 +129,26 @@ def _rank(spec: dict[str, Any], rank: int, out: Path) -> None:
             loss = bce_loss(dmp(batch.dense, batch.sparse), batch.labels)
             loss.backward()
             t1 = time.perf_counter()
-            record = opt.step() if method == "plain" else opt.step(capture=True, undo=method)
+            opt.keep_rows_after = method == "copy+peer"
+            if method == "plain":
+                record = opt.step()
+            else:
+                record = opt.step(capture=True, undo=method.removesuffix("+peer"))
+            if method == "copy+peer":  # the exchange (before the loss all-reduce), the commit
+                peer.exchange(
+                    [
+                        RowsAfter(
+                            table=index[i],
+                            rows=rows,
+                            weight=d.weight_after,
+                            exp_avg=d.exp_avg_after,
+                            exp_avg_sq=d.exp_avg_sq_after,
+                        )
+                        for i, rows, d in opt.rows_after
+                    ]
+                )
+                peer.commit()
+            opt.rows_after = []
             t2 = time.perf_counter()
             times.append(
                 {
@@ -126,6 +157,7 @@ def _rank(spec: dict[str, Any], rank: int, out: Path) -> None:
                     "step_s": t2 - t0,
                     "optimizer_s": t2 - t1,
                     "record_bytes": 0 if record is None else record.nbytes,
+                    "peer_bytes": peer.nbytes,
                     "loss": float(loss.item()),
                 }
             )
@@ -175,6 +207,7 @@ def run_rep(spec: dict[str, Any], scratch: Path, timeout_s: float) -> list[dict[
                 "step_s": max(s["step_s"] for s in per_rank),
                 "optimizer_s": max(s["optimizer_s"] for s in per_rank),
                 "record_bytes": [s["record_bytes"] for s in per_rank],
+                "peer_bytes": max(s["peer_bytes"] for s in per_rank),
             }
         )
     return steps
@@ -258,18 +291,21 @@ def markdown(r: dict[str, Any]) -> str:
         f"with capture minus without, paired) {_pct(r['capture_time_fraction'])} "
         f"{_ci(r['capture_time_fraction_ci95'])}. `--undo inverse`: "
         f"{_pct(r['failure_free_overhead_inverse'])} "
-        f"{_ci(r['failure_free_overhead_inverse_ci95'])}.",
+        f"{_ci(r['failure_free_overhead_inverse_ci95'])}. `--peer-copy` (on top of copy): "
+        f"{_pct(r['failure_free_overhead_peer_copy'])} "
+        f"{_ci(r['failure_free_overhead_peer_copy_ci95'])}, holding "
+        f"{r['peer_copy_bytes_per_rank'] / 1e6:.0f} MB per rank.",
         "",
         f"Model: the trainer benchmark's RM1-like DLRM ({p['profile']}, DedupMode FULL, "
         f"{r['model']['parameters']:,} parameters, {r['model']['dense_parameters']:,} dense), "
         f"{p['world_size']} ranks (gloo, table-wise, 1 thread each), batch {p['batch_size']} "
-        f"per rank; {p['repetitions']} repetitions x {p['rounds']} rounds of the three "
-        f"methods in seeded random order ({p['failed_repetitions']} failed); load "
+        f"per rank; {p['repetitions']} repetitions x {p['rounds']} rounds of the "
+        f"{len(r['methods'])} methods each, in seeded random order ({p['failed_repetitions']} failed); load "
         f"{p['load_average_1min']['before']:.2f} -> {p['load_average_1min']['after']:.2f}; "
         f"`{p['command']}`",
         "",
-        "| method | step ms (median of reps, min-max) | optimizer step ms | overhead, paired "
-        "[95%] | capture's own time [95%] | record / rank |",
+        "| method | step ms (median of reps, min-max) | optimizer step ms (+ peer exchange) | "
+        "overhead, paired [95%] | capture's own time [95%] | record / rank |",
         "|---|---|---|---|---|---|",
     ]
     plain = m["plain"]
@@ -295,7 +331,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile", default="rm1-like")
     parser.add_argument("--rows", type=int, help="table rows (default 100k, quick 10k)")
     parser.add_argument("--batch-size", type=int, help="per rank (default 2048, quick 256)")
-    parser.add_argument("--rounds", type=int, help="rounds per repetition (default 12, quick 4)")
+    parser.add_argument("--rounds", type=int, help="rounds per repetition (default 20, quick 4)")
     parser.add_argument("--reps", type=int, default=3, help="repetitions (fresh ranks, >= 3)")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=1)
@@ -305,7 +341,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.rows = args.rows or (10_000 if args.quick else 100_000)
     args.batch_size = args.batch_size or (256 if args.quick else 2048)
-    args.rounds = args.rounds or (4 if args.quick else 12)
+    args.rounds = args.rounds or (4 if args.quick else 20)
     return args
 
 
@@ -322,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         work, args.profile, rows=args.rows, seed=args.seed, num_shards=16, row_group_rows=8192
     )
     size = profile_size(args.profile, DEFAULT_SIZE)
-    order_len = WARMUP_STEPS + len(METHODS) * args.rounds
+    batches_used = WARMUP_STEPS + args.rounds
     batch_dir = work / "batches" / f"B{args.batch_size}"
     meta = write_batches(
         args.profile,
@@ -330,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         batch_dir,
         size,
         batch_size=args.batch_size,
-        count=WORLD * order_len,
+        count=WORLD * batches_used,
     )
     load_before = load_1min()
     reps: list[list[dict[str, Any]]] = []
@@ -362,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
         print("every repetition failed", file=sys.stderr)
         return 1
     methods = summarise(reps, args)
-    rows_read = WORLD * args.batch_size * min(order_len, meta["count"] // WORLD)
+    peer_bytes = max(s["peer_bytes"] for rep in reps for s in rep)
+    rows_read = WORLD * args.batch_size * min(batches_used, meta["count"] // WORLD)
     result = {
         "failure_free_overhead": methods["copy"]["overhead"],
         "failure_free_overhead_ci95": methods["copy"]["overhead_ci95"],
@@ -371,6 +408,9 @@ def main(argv: list[str] | None = None) -> int:
         "capture_time_fraction_ci95": methods["copy"]["capture_time_fraction_ci95"],
         "failure_free_overhead_inverse": methods["inverse"]["overhead"],
         "failure_free_overhead_inverse_ci95": methods["inverse"]["overhead_ci95"],
+        "failure_free_overhead_peer_copy": methods["copy+peer"]["overhead"],
+        "failure_free_overhead_peer_copy_ci95": methods["copy+peer"]["overhead_ci95"],
+        "peer_copy_bytes_per_rank": peer_bytes,
         "methods": methods,
         "model": describe_model(args.profile, size),
         "protocol": {

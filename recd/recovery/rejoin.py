@@ -305,8 +305,23 @@ class SurvivorRecovery:
     def start(self) -> None:
         """Before the first step of a worker that is not a replacement (every rank at once):
         seed the peer copies."""
-        if self.peer is not None:
-            self.peer.seed(self.trainer.step)
+        self._seed_peer(self.trainer.step)
+
+    def _seed_peer(self, step: int) -> None:
+        """Seed the ring of peer copies at ``step`` (a collective), timed in the events."""
+        if self.peer is None:
+            return
+        began = time.perf_counter()
+        self.peer.seed(step)
+        append_event(
+            self.run_dir,
+            "peer_seed",
+            rank=self.trainer.rank,
+            gen=self.generation,
+            step=step,
+            bytes=self.peer.nbytes,
+            seconds=time.perf_counter() - began,
+        )
 
     def after_update(self) -> None:
         """After this rank's update, before the step's loss all-reduce: send the touched rows
@@ -431,7 +446,7 @@ class SurvivorRecovery:
             for failed_rank, keeper in (plan.shard_keepers or {}).items():
                 if keeper == trainer.rank:
                     self.peer.send_ward(int(failed_rank))
-            self.peer.seed(agreed)
+            self._seed_peer(agreed)
         trainer.restart_reader(agreed)
         self._install_kills()
         self.recoveries += 1
@@ -509,8 +524,7 @@ class SurvivorRecovery:
         assert self._dense_kept is not None
         _load_dense_flat(opt, self._dense_kept, step=plan.agreed_step)
         self._dense_kept = None
-        if self.peer is not None:
-            self.peer.seed(plan.agreed_step)
+        self._seed_peer(plan.agreed_step)
         load_s = time.perf_counter() - began
         trainer.step = plan.agreed_step
         trainer.planned_total = plan.total

@@ -12,8 +12,8 @@ the two launchers apart, and it watches them:
 - a worker **killed by a signal** (SIGKILL, OOM killer, a crash) while no recovery is under
   way: publish the failure notice (``recd/attempt_A/gen_G/failure`` in the store) and start a
   replacement for its rank in generation G+1: the **warm spare** (a process started with the
-  job that imports torch, torchrec, recd and pyiceberg at idle priority and waits for an
-  assignment, :mod:`recd.train.spare`; a new spare is started at once) or, without one, a
+  job that imports torch, torchrec, recd and pyiceberg during the workers' start-up and waits
+  for an assignment, :mod:`recd.train.spare`; a new spare is started at once) or, without one, a
   fresh interpreter. The survivors agree, undo
   and hand over the state; the recovery is over when every rank of G+1 completed a step;
 - a worker that **exits with another code**, or any death **during a recovery**: the
@@ -188,9 +188,10 @@ class _Agent:
                 "generation": self.job.generation,
                 "attempt": self.job.attempt,
             }
+            warm = self.store.check([f"recd/spare/{spare[0]}/warm"])
             self.store.set(f"recd/spare/{spare[0]}", json.dumps(assignment))
             self.workers[rank] = spare[1]
-            how = "warm spare"
+            how = "warm spare" if warm else "spare (still importing)"
         else:
             self.workers[rank] = self._spawn(self._env(rank, "replacement"))
             how = "new process"
@@ -223,7 +224,7 @@ class _Agent:
 
     def run(self) -> int:
         self.start_group()
-        self.start_spare()  # with the group: its imports take only idle CPU (recd.train.spare)
+        self.start_spare()  # with the group: warm by the time training starts (recd.train.spare)
         n = self.config.nproc
         while True:
             time.sleep(_POLL_S)

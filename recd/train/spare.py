@@ -3,14 +3,19 @@ replace a dead worker.
 
 The launcher (:mod:`recd.train.agent`) starts one with the worker group. What a replacement
 would spend seconds on before it can join the survivors is almost all imports (torch,
-torchrec, recd's commands, pyiceberg's catalog and Arrow I/O: 3-5 s on a busy 2-core machine;
+torchrec, recd's commands, pyiceberg's catalog and Arrow I/O: 2-5 s on a 2-core machine;
 building the reader plan, the model and DMP together take ~0.1 s), so a spare does them
-ahead of time, in a thread at ``SCHED_IDLE``: they take only CPU the workers leave idle. The
-main thread waits on the launcher's store for an assignment; when one comes, the importing
-thread (if still at it) gets the normal policy back where the process may ask for it, the
-main thread waits for it, takes the assigned rank's environment and returns to the ``recd``
-command line, which runs ``recd train`` as that rank's replacement with everything already
-imported.
+ahead of time, in a thread, while the workers do their own start-up: it is warm when
+training starts and idle from then on, so it costs the job some start-up time once (measured
+by ``benchmarks/train_recovery.py``: the survivor route's failure-free runs with and without
+a spare), not step time. (Importing at idle priority instead was tried: on a machine whose
+cores the workers keep busy, the spare was still importing at every kill of the benchmark.)
+
+The main thread waits on the launcher's store for an assignment (and says in the store when
+the imports are done: ``recd/spare/ID/warm``, which the launcher's swap event records); when
+one comes, it waits for the imports, takes the assigned rank's environment and returns to the
+``recd`` command line, which runs ``recd train`` as that rank's replacement with everything
+already imported.
 
 This module imports nothing outside the standard library at module level: the command line
 calls :func:`wait_as_spare` before it builds its parser (which imports every command).
@@ -24,6 +29,7 @@ import importlib
 import json
 import os
 import threading
+import time
 from collections.abc import Sequence
 
 from recd.recovery.env import GENERATION_ENV, ROLE_ENV, SPARE_ENV
@@ -50,16 +56,7 @@ def is_spare() -> bool:
     return os.environ.get(ROLE_ENV) == "spare"
 
 
-def _set_policy(thread_id: int, policy: int) -> None:
-    with contextlib.suppress(OSError, AttributeError):  # not Linux, or not permitted
-        os.sched_setscheduler(thread_id, policy, os.sched_param(0))
-
-
-def _warm_up(modules: Sequence[str], first_done: threading.Event, tid: list[int]) -> None:
-    tid.append(threading.get_native_id())
-    # SCHED_IDLE for this thread only (the policy is per thread): the main thread, which
-    # becomes the replacement, keeps the normal policy.
-    _set_policy(tid[0], getattr(os, "SCHED_IDLE", 5))
+def _warm_up(modules: Sequence[str], first_done: threading.Event) -> None:
     try:
         importlib.import_module(modules[0])
     finally:
@@ -70,13 +67,11 @@ def _warm_up(modules: Sequence[str], first_done: threading.Event, tid: list[int]
 
 
 def wait_as_spare(modules: Sequence[str] = WARM_IMPORTS) -> None:
-    """In a warm spare: import ``modules`` at idle priority and wait for the launcher to
-    assign a rank; afterwards this process's environment is that of the rank's replacement.
+    """In a warm spare: import ``modules`` and wait for the launcher to assign a rank; afterwards this process's environment is that of the rank's replacement.
     Exits (status 0) when the launcher is gone."""
     first_done = threading.Event()
-    tid: list[int] = []
     warming = threading.Thread(
-        target=_warm_up, args=(modules, first_done, tid), name="recd-spare-imports", daemon=True
+        target=_warm_up, args=(modules, first_done), name="recd-spare-imports", daemon=True
     )
     warming.start()
     first_done.wait()  # torch.distributed, for the store
@@ -91,15 +86,17 @@ def wait_as_spare(modules: Sequence[str] = WARM_IMPORTS) -> None:
         timeout=datetime.timedelta(seconds=300),
     )
     key = f"recd/spare/{spare_id}"
+    announced = False
     while True:
+        if not announced and not warming.is_alive():
+            store.set(f"{key}/warm", str(time.time()))  # the launcher records it at the swap
+            announced = True
         try:
-            store.wait([key], datetime.timedelta(seconds=60))
+            store.wait([key], datetime.timedelta(seconds=1 if not announced else 60))
             break
         except Exception:  # not assigned yet
             if os.getppid() != parent:
                 raise SystemExit(0) from None  # the launcher is gone
-    if warming.is_alive() and tid:
-        _set_policy(tid[0], os.SCHED_OTHER)  # needed now: no longer at idle priority
     warming.join()
     assignment = json.loads(store.get(key))
     rank = str(assignment["rank"])
