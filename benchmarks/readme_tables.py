@@ -27,6 +27,11 @@ sections = [
     ("trainer", "Trainer: the RM1 ablation (O5-O7)", "trainer.png"),
     ("checkpoint", "Checkpoints", None),
     ("train_recovery", "Failure recovery inside recd train (survivor vs elastic restart)", None),
+    (
+        "undo_overhead",
+        "Failure-free cost of survivor recovery (the trainer benchmark's model)",
+        None,
+    ),
     ("recovery", "Failure recovery (the standalone driver, recd recover)", None),
     ("etl_faults", "Killed ETL runs: what a reader sees (local engine)", None),
     ("etl_faults_spark", "Killed ETL runs: what a reader sees (Spark engine)", None),

@@ -270,9 +270,28 @@ def main(argv: list[str] | None = None) -> int:
         default=RESULTS / "undo_overhead.json",
         help="the failure-free overhead measured on the trainer benchmark's model",
     )
+    parser.add_argument(
+        "--resummarize",
+        type=Path,
+        help="recompute the figures from this result's runs (e.g. after a new --overhead-json); "
+        "runs nothing",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.kills, args.pairs, args.steps, args.checkpoint_every = 2, 1, 60, 10
+    overhead = json.loads(args.overhead_json.read_text()) if args.overhead_json.is_file() else None
+    if args.resummarize is not None:
+        old = json.loads(args.resummarize.read_text())
+        load = old["protocol"]["load_average_1min"]
+        report = summarize(
+            old["runs"],
+            args,
+            (load["before"], load["after"]),
+            old["cold_read_bytes_per_s"],
+            overhead,
+        )
+        write_outputs(report, args)
+        return 0
     args.work.mkdir(parents=True, exist_ok=True)
     table = make_table(args.work)
     config = write_config(args.work, table, args)
@@ -308,7 +327,6 @@ def main(argv: list[str] | None = None) -> int:
         )
     load_after = os.getloadavg()[0]
     bandwidth = cold_read_bytes_per_s(args.work, 1 << 30)
-    overhead = json.loads(args.overhead_json.read_text()) if args.overhead_json.is_file() else None
     report = summarize(runs, args, (load_before, load_after), bandwidth, overhead)
     write_outputs(report, args)
     return 0
@@ -519,6 +537,7 @@ def summarize(
             "this_job": job_sim,
             "at_scale": scaled,
         },
+        "cold_read_bytes_per_s": read_bytes_per_s,
         "simulated_speedup": headline["survivor"]["speedup"],
         "simulated_speedup_peer_copy": headline["survivor_peer"]["speedup"],
         "headline_cadence_hours": args.headline_cadence,
