@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             old["runs"],
             args,
             (load["before"], load["after"]),
-            old["cold_read_bytes_per_s"],
+            _bandwidth(old),
             overhead,
         )
         write_outputs(report, args)
@@ -330,6 +330,13 @@ def main(argv: list[str] | None = None) -> int:
     report = summarize(runs, args, (load_before, load_after), bandwidth, overhead)
     write_outputs(report, args)
     return 0
+
+
+def _bandwidth(report: dict[str, Any]) -> float:
+    """The cold-read bandwidth a result measured (older results: in the scaled block)."""
+    if "cold_read_bytes_per_s" in report:
+        return float(report["cold_read_bytes_per_s"])
+    return float(report["simulation"]["at_scale"]["cold_read_bytes_per_s"])
 
 
 def _ratio(a: dict[str, Any], b: dict[str, Any]) -> tuple[float | None, list[float] | None]:

@@ -111,11 +111,10 @@ def _rank(spec: dict[str, Any], rank: int, out: Path) -> None:
             plan="table_wise",
             seed=spec["seed"],
         )
-        from recd.recovery.peer_copy import PeerCopy, RowsAfter
+        from recd.recovery.peer_copy import PeerCopy
 
         peer = PeerCopy(opt)
         peer.seed(0)
-        index = {i: k for k, i in enumerate(peer.own)}
         files = sorted(Path(spec["batch_dir"]).glob("*.pkl"))
         times: list[dict[str, Any]] = []
         for i, method in enumerate(spec["order"]):
@@ -135,18 +134,7 @@ def _rank(spec: dict[str, Any], rank: int, out: Path) -> None:
             else:
                 record = opt.step(capture=True, undo=method.removesuffix("+peer"))
             if method == "copy+peer":  # the exchange (before the loss all-reduce), the commit
-                peer.exchange(
-                    [
-                        RowsAfter(
-                            table=index[i],
-                            rows=rows,
-                            weight=d.weight_after,
-                            exp_avg=d.exp_avg_after,
-                            exp_avg_sq=d.exp_avg_sq_after,
-                        )
-                        for i, rows, d in opt.rows_after
-                    ]
-                )
+                peer.send_step()
                 peer.commit()
             opt.rows_after = []
             t2 = time.perf_counter()
@@ -331,7 +319,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile", default="rm1-like")
     parser.add_argument("--rows", type=int, help="table rows (default 100k, quick 10k)")
     parser.add_argument("--batch-size", type=int, help="per rank (default 2048, quick 256)")
-    parser.add_argument("--rounds", type=int, help="rounds per repetition (default 20, quick 4)")
+    parser.add_argument("--rounds", type=int, help="rounds per repetition (default 60, quick 4)")
     parser.add_argument("--reps", type=int, default=3, help="repetitions (fresh ranks, >= 3)")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=1)
@@ -341,7 +329,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.rows = args.rows or (10_000 if args.quick else 100_000)
     args.batch_size = args.batch_size or (256 if args.quick else 2048)
-    args.rounds = args.rounds or (4 if args.quick else 20)
+    args.rounds = args.rounds or (4 if args.quick else 60)
     return args
 
 

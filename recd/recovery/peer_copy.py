@@ -169,6 +169,22 @@ class PeerCopy:
             r_at += n
         self._pending = pending
 
+    def send_step(self) -> None:
+        """:meth:`exchange` of the optimizer's last step (its ``rows_after``, consumed)."""
+        index = {i: k for k, i in enumerate(self.own)}
+        updates = [
+            RowsAfter(
+                table=index[i],
+                rows=rows,
+                weight=done.weight_after,
+                exp_avg=done.exp_avg_after,
+                exp_avg_sq=done.exp_avg_sq_after,
+            )
+            for i, rows, done in self.optimizer.rows_after
+        ]
+        self.optimizer.rows_after = []
+        self.exchange(updates)
+
     def commit(self) -> None:
         """The step completed on every rank: write the ward's rows into the copy."""
         if self._pending is None:

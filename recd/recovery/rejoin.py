@@ -75,7 +75,7 @@ from recd.recovery.env import (
     ROLE_ENV,
     UNDO_ENV,
 )
-from recd.recovery.peer_copy import PeerCopy, RowsAfter
+from recd.recovery.peer_copy import PeerCopy
 from recd.recovery.survivor import RECOVERY_FILE, append_recovery_record
 from recd.recovery.undo import UNDO_METHODS, UndoMethod
 
@@ -326,21 +326,8 @@ class SurvivorRecovery:
     def after_update(self) -> None:
         """After this rank's update, before the step's loss all-reduce: send the touched rows
         to the keeper of this rank's shards (a failed send is a peer failure)."""
-        if self.peer is None:
-            return
-        index = {i: k for k, i in enumerate(self.peer.own)}
-        updates = [
-            RowsAfter(
-                table=index[i],
-                rows=rows,
-                weight=done.weight_after,
-                exp_avg=done.exp_avg_after,
-                exp_avg_sq=done.exp_avg_sq_after,
-            )
-            for i, rows, done in self.trainer.optimizer.rows_after
-        ]
-        self.trainer.optimizer.rows_after = []
-        self.peer.exchange(updates)
+        if self.peer is not None:
+            self.peer.send_step()
 
     def step_completed(self) -> None:
         """The step's loss all-reduce completed on every rank: commit the ward's rows."""

@@ -25,24 +25,6 @@ def _own(opt: Any, peer: Any) -> list[torch.Tensor]:
     return [t.detach().clone() for t in peer._own_tensors()]
 
 
-def _exchange(peer: Any, opt: Any) -> None:
-    from recd.recovery.peer_copy import RowsAfter
-
-    index = {i: k for k, i in enumerate(peer.own)}
-    peer.exchange(
-        [
-            RowsAfter(
-                table=index[i],
-                rows=rows,
-                weight=d.weight_after,
-                exp_avg=d.exp_avg_after,
-                exp_avg_sq=d.exp_avg_sq_after,
-            )
-            for i, rows, d in opt.rows_after
-        ]
-    )
-
-
 def _worker(rank: int, world_size: int) -> dict[str, Any]:
     import torch.distributed as dist
 
@@ -79,7 +61,7 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
         opt.zero_grad()
         bce_loss(dmp(dense, kjt), labels).backward()
         opt.step()
-        _exchange(peer, opt)
+        peer.send_step()
         peer.commit()
         report["equal"].append(ward_equals_copy() and peer.step == step)
     # a step whose rows arrive but never commit: the copy stays at the last committed step
@@ -88,7 +70,7 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
     opt.zero_grad()
     bce_loss(dmp(dense, kjt), labels).backward()
     opt.step()
-    _exchange(peer, opt)
+    peer.send_step()
     peer.drop_pending()
     after = [t for parts in peer.copy for t in parts]
     report["dropped_kept_old"] = peer.step == STEPS and all(
