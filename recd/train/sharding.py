@@ -621,9 +621,10 @@ class ShardedAdam:
         self.keep_rows_after = False
         """Keep :attr:`rows_after` (a peer copy of the shards is on)."""
         self.rows_after: list[tuple[int, torch.Tensor, RowsStep]] = []
-        """With :attr:`keep_rows_after`, the last :meth:`step`'s updates of this rank's sharded (not replicated) table
-        blocks: ``(index in tables, rows, the update's RowsStep)`` (what a peer copy of the
-        shards needs: :mod:`recd.recovery.peer_copy`); replaced by the next step."""
+        """With :attr:`keep_rows_after`, the last :meth:`step`'s updates of this rank's
+        sharded (not replicated) table blocks: ``(index in tables, rows, the update's
+        RowsStep)``, what a peer copy of the shards needs (:mod:`recd.recovery.peer_copy`);
+        replaced by the next step."""
         self.mid_step_hook: Callable[[], None] | None = None
         """Called inside :meth:`step` between the dense update and the tables' (fault
         injection for recovery tests)."""
