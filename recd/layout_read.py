@@ -92,13 +92,13 @@ def stack_unit(
     columns = dict(zip(table.column_names, table.columns, strict=True))  # one lookup each
     for j, feature in enumerate(features):
         name = new_ids_column(feature) if feature in stored else feature
-        array = _one_chunk(columns[name])
+        array = one_chunk(columns[name])
         ends[j] = array.offsets.to_numpy()
         lo, hi = int(ends[j, 0]), int(ends[j, -1])
         parts.append(array.values.slice(lo, hi - lo).to_numpy(zero_copy_only=False))
         drop.append(name)
         if feature in stored:
-            starts[j] = _one_chunk(columns[start_column(feature)]).to_numpy()
+            starts[j] = one_chunk(columns[start_column(feature)]).to_numpy()
             drop.append(start_column(feature))
         else:  # a plain list starts where it was appended
             starts[j] = ends[j, :-1] - lo
@@ -152,7 +152,8 @@ def _holder(buffer: np.ndarray, rows: int) -> pa.Array:
     )
 
 
-def _one_chunk(column: pa.ChunkedArray) -> pa.Array:
+def one_chunk(column: pa.ChunkedArray) -> pa.Array:
+    """The column as one array (zero-copy when it has one chunk)."""
     return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 

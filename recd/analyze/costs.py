@@ -50,6 +50,7 @@ import torch
 
 from recd.reader.config import SPARSE_PREPROCESS_KINDS, ReaderConfig
 from recd.reader.plan import ReadPlan, build_plan
+from recd.reader.stored_ops import split_preprocessing
 from recd.reader.stream import iter_worker_batches
 from recd.reader.transform import build_preprocessing
 from recd.tensors.convert import FeatureSpec, convert_sparse
@@ -133,9 +134,11 @@ def sparse_plan(
     start: str | None,
     end: str | None,
     drop_last: bool = False,
+    specs: list[dict[str, Any]] | None = None,
 ) -> ReadPlan:
     """The reader's plan of ``table`` for just the ``sparse`` features (one worker, table
-    order, no shuffle): the batches ``recd analyze`` counts and times."""
+    order, no shuffle), with the sparse preprocessing ``specs`` if given: the batches
+    ``recd analyze`` counts and times."""
     config = ReaderConfig(
         table=str(table),
         start=start,
@@ -145,6 +148,7 @@ def sparse_plan(
         sparse=sparse,
         batch_size=batch_size,
         drop_last=drop_last,
+        preprocessing=list(specs or []),
     )
     return build_plan(config)
 
@@ -157,13 +161,19 @@ def sample_batches(
     start: str | None,
     end: str | None,
     count: int = SAMPLE_BATCHES,
+    preprocessing: list[dict[str, Any]] | None = None,
 ) -> list[pa.Table]:
     """Up to ``count`` full batches the reader cuts from ``table`` (one worker, table order),
-    evenly spaced; the table's only batch if it has no full one."""
-    plan = sparse_plan(table, sparse, batch_size=batch_size, start=start, end=end, drop_last=True)
+    evenly spaced; the table's only batch if it has no full one. With the job's
+    ``preprocessing``, the features the table stores in the dedup layout arrive preprocessed,
+    as a reader's do (``recd.reader.stored_ops``); the rest is left to :func:`job_timer`."""
+    specs = sparse_preprocessing(preprocessing or [], sparse)
+    plan = sparse_plan(
+        table, sparse, batch_size=batch_size, start=start, end=end, drop_last=True, specs=specs
+    )
     total = plan.worker_num_batches(0, 0)
     if total == 0:  # smaller than one batch: time what there is
-        plan = sparse_plan(table, sparse, batch_size=batch_size, start=start, end=end)
+        plan = sparse_plan(table, sparse, batch_size=batch_size, start=start, end=end, specs=specs)
         return [b.rows for b in iter_worker_batches(plan, epoch=0, worker=0)]
     step = max(1, total // count)
     wanted = set(range(0, total, step)[:count])
@@ -177,12 +187,15 @@ def job_timer(
     sparse: list[str],
     *,
     preprocessing: list[dict[str, Any]],
+    stacked: Sequence[str] = (),
     reps: int = REPS,
 ) -> ConfigTimer:
     """A :data:`ConfigTimer` over ``batches``: a configuration's conversion + sparse
     preprocessing with its own compiled module (as a reader has), one warm-up pass, then the
-    median of ``reps`` passes; cached per configuration."""
-    specs = sparse_preprocessing(preprocessing, sparse)
+    median of ``reps`` passes; cached per configuration. ``stacked``: the features that
+    arrive preprocessed (:func:`sample_batches` with the same preprocessing), which the
+    module leaves out as the reader's does."""
+    specs = split_preprocessing(sparse_preprocessing(preprocessing, sparse), stacked)[1]
     rows = sum(b.num_rows for b in batches)
     cache: dict[tuple[tuple[str, ...], ...], float] = {}
 

@@ -389,8 +389,18 @@ def analyze_table(
 
     def time_on_sample(groups: list[list[str]]) -> float:
         if not sample:  # read and wrap once, for the first configuration timed
-            batches = sample_batches(root, features, batch_size=batch_size, start=start, end=end)
-            sample.append(job_timer(batches, features, preprocessing=preprocessing or []))
+            batches = sample_batches(
+                root,
+                features,
+                batch_size=batch_size,
+                start=start,
+                end=end,
+                preprocessing=preprocessing,
+            )
+            timer_of = job_timer(
+                batches, features, preprocessing=preprocessing or [], stacked=plan.encoded
+            )
+            sample.append(timer_of)
         return sample[0](groups)
 
     sample: list[ConfigTimer] = []

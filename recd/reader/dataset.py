@@ -97,7 +97,7 @@ def iter_tagged_batches(
             rows=rows.rows.num_rows,
             fill_s=rows.fill_s,
             convert_s=t1 - t0,
-            process_s=t2 - t1,
+            process_s=t2 - t1 + rows.process_s,
             read_bytes=rows.read_bytes,
         )
         yield TaggedBatch(epoch, worker, seq, batch, timing)

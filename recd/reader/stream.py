@@ -21,6 +21,7 @@ from recd.layout import Layout, new_ids_column, start_column
 from recd.layout_read import stack_unit, take_rows
 from recd.reader.config import Shuffle
 from recd.reader.plan import ReadPlan, WorkUnit, locate, session_order
+from recd.reader.stored_ops import preprocess_stacked, split_preprocessing
 from recd.schema import SESSION_ID, strict_type
 from recd.tensors.jagged import SPARSE_TYPE
 
@@ -39,6 +40,9 @@ class RowBatch:
     """Seconds spent reading, decompressing, decoding and checking the rows of this batch."""
     read_bytes: int
     """Compressed bytes read from disk for this batch (row groups opened while filling it)."""
+    process_s: float = 0.0
+    """Seconds of sparse preprocessing run on the stored ids of the units opened while filling
+    it (the dedup layout's features: ``recd.reader.stored_ops``), not counted in ``fill_s``."""
 
 
 class UnitReader:
@@ -48,10 +52,14 @@ class UnitReader:
         self.plan = plan
         self._path: str | None = None
         self._file: pq.ParquetFile | None = None
+        self._stored_ops = split_preprocessing(plan.config.preprocessing, plan.encoded)[0]
+        self.process_s = 0.0
+        """Seconds spent so far preprocessing stored ids (``recd.reader.stored_ops``)."""
 
     def read(self, unit: WorkUnit, *, epoch: int) -> pa.Table:
         """The unit's rows: projected, checked, canonical types, sessions permuted if asked;
-        the plan's encoded features in their in-memory dedup form (``recd.layout``)."""
+        the plan's encoded features in their in-memory dedup form (``recd.layout``), their
+        sparse preprocessing applied to the stored ids."""
         table = self._read_raw(unit)
         table = normalise_table(table, unit, self.plan)
         if self.plan.encoded:  # plain units too: a mixed table's batches have one form
@@ -62,6 +70,10 @@ class UnitReader:
                 path=unit.path,
                 first_row=unit.first_row,
             )
+            if self._stored_ops:
+                t0 = time.perf_counter()
+                table = preprocess_stacked(table, self._stored_ops)
+                self.process_s += time.perf_counter() - t0
         if self.plan.config.shuffle == Shuffle.SESSION:
             ids = table.column(SESSION_ID).to_numpy()
             order = session_order(ids, seed=self.plan.config.seed, epoch=epoch, unit=unit.index)
@@ -193,14 +205,17 @@ def iter_worker_batches(
     reader = UnitReader(plan)
     parts: list[pa.Table] = []
     pending = 0
-    fill_s = 0.0
+    fill_s = process_s = 0.0
     read_bytes = 0
     for i in range(pos.unit, len(units)):
         t0 = time.perf_counter()
+        before = reader.process_s
         table = reader.read(units[i], epoch=epoch)
         if i == pos.unit and pos.offset:
             table = table.slice(pos.offset)
-        fill_s += time.perf_counter() - t0
+        processed = reader.process_s - before
+        fill_s += time.perf_counter() - t0 - processed
+        process_s += processed
         read_bytes += units[i].read_bytes
         while pending + table.num_rows >= size:
             take = size - pending
@@ -209,16 +224,24 @@ def iter_worker_batches(
             t0 = time.perf_counter()
             rows = _concat(parts)
             yield RowBatch(
-                rows=rows, fill_s=fill_s + time.perf_counter() - t0, read_bytes=read_bytes
+                rows=rows,
+                fill_s=fill_s + time.perf_counter() - t0,
+                read_bytes=read_bytes,
+                process_s=process_s,
             )
-            parts, pending, fill_s, read_bytes = [], 0, 0.0, 0
+            parts, pending, fill_s, process_s, read_bytes = [], 0, 0.0, 0.0, 0
         if table.num_rows:
             parts.append(table)
             pending += table.num_rows
     if pending and not config.drop_last:
         t0 = time.perf_counter()
         rows = _concat(parts)
-        yield RowBatch(rows=rows, fill_s=fill_s + time.perf_counter() - t0, read_bytes=read_bytes)
+        yield RowBatch(
+            rows=rows,
+            fill_s=fill_s + time.perf_counter() - t0,
+            read_bytes=read_bytes,
+            process_s=process_s,
+        )
 
 
 def _concat(parts: list[pa.Table]) -> pa.Table:

@@ -3,7 +3,9 @@
 Preprocessing specs from the config become ``recd.tensors.preprocess`` modules, compiled with
 TorchScript: sparse kinds (hash_modulo, truncate_last) form one ``SparseChain`` run over the
 plain KJT and, deduplicated, over each IKJT's distinct rows (``preprocess_sparse``); dense
-kinds (log1p, clamp, normalize) run on the listed columns of the B x D dense tensor.
+kinds (log1p, clamp, normalize) run on the listed columns of the B x D dense tensor. Sparse
+kinds on features a table stores in the dedup layout ran already, once per stored id, when
+their row group was read (``recd.reader.stored_ops``): the chain leaves those features out.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from torch import nn
 
 from recd.reader.plan import ReadPlan
+from recd.reader.stored_ops import split_preprocessing
 from recd.tensors.batch import Batch
 from recd.tensors.convert import FeatureSpec, convert_batch
 from recd.tensors.preprocess import Clamp, HashModulo, Log1p, Normalize, SparseChain, TruncateLast
@@ -53,9 +56,10 @@ class BatchTransform:
             dedup_sparse_features=plan.config.dedup_sparse_features,
         )
         self.source = plan.config.table
-        self.sparse_module, self.dense_module = build_preprocessing(
-            plan.config.preprocessing, dense=plan.dense
-        )
+        # Sparse specs on the dedup layout's features run on their stored ids as units are
+        # read (recd.reader.stored_ops): the batch modules leave those features out.
+        specs = split_preprocessing(plan.config.preprocessing, plan.encoded)[1]
+        self.sparse_module, self.dense_module = build_preprocessing(specs, dense=plan.dense)
 
     def __getstate__(self) -> dict[str, Any]:
         """Picklable for spawned workers: compiled modules travel as TorchScript archives."""

@@ -18,6 +18,7 @@ from recd.etl.local import run_etl
 from recd.logs.generate import generate_logs
 from recd.logs.shard import shard_logs
 from recd.reader import ReaderConfig, build_plan, iter_batches, make_loader
+from recd.reader.transform import BatchTransform
 from recd.schema import load_catalogue
 from recd.tensors.batch import Batch
 
@@ -130,15 +131,28 @@ def test_batches_equal_the_plain_layouts(
 def test_preprocessing_and_two_ranks_give_the_plain_layouts_batches(
     tables: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pre = [{"kind": "hash_modulo", "features": ["history_items", "item_id"], "modulo": 1000}]
+    # The encoded features' sparse preprocessing runs on their stored ids (chained moduli,
+    # truncations on positions); the plain features' in the batch modules.
+    pre = [
+        {"kind": "hash_modulo", "features": ["history_items", "item_id"], "modulo": 1000},
+        {"kind": "truncate_last", "features": ["history_items", "history_event_types"], "n": 4},
+        {"kind": "hash_modulo", "features": ["history_event_types", "user_context_1"], "modulo": 3},
+        {"kind": "truncate_last", "features": ["history_items"], "n": 3},
+    ]
     kwargs: list[dict[str, Any]] = [
         {"world_size": 2, "rank": rank, "preprocessing": pre, "shuffle": "session"}
         for rank in (0, 1)
     ]
     plain = [read(tables["plain"], **k) for k in kwargs]
-    forbid_hashing(monkeypatch)
-    for k, expected in zip(kwargs, plain, strict=True):
-        assert_same(read(tables["dedup"], **k), expected)
+    assert max(int(b.sparse.ikjts[0].lengths().max()) for b in plain[0]) == 4
+    # every feature of "dedup" is encoded: nothing is left for the batch modules
+    dedup_plan = build_plan(ReaderConfig(table=str(tables["dedup"]), preprocessing=pre))
+    assert BatchTransform(dedup_plan).sparse_module is None
+    for name in ("default", "mixed", "dedup"):  # "default": some groups are not encoded
+        if name == "dedup":
+            forbid_hashing(monkeypatch)
+        for k, expected in zip(kwargs, plain, strict=True):
+            assert_same(read(tables[name], **k), expected)
 
 
 def test_mixed_layouts_read_as_one_table(tables: dict[str, Path]) -> None:

@@ -1,0 +1,91 @@
+"""Sparse preprocessing on the dedup layout's stored ids (``recd.reader.stored_ops``) gives
+the same lists, bit for bit, as the TorchScript modules run on the gathered KJT."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from recd.layout import encode_row_group
+from recd.layout_read import gather, read_stacked, stack_unit
+from recd.reader.stored_ops import StoredOps, preprocess_stacked, split_preprocessing
+from recd.reader.transform import build_preprocessing
+from tests.unit.test_layout import random_sessions
+
+FEATURES = ["history", "static"]
+
+
+def test_specs_split_into_ops_per_stored_feature_and_the_rest() -> None:
+    specs: list[dict[str, Any]] = [
+        {"kind": "hash_modulo", "features": ["history", "item"], "modulo": 1000},
+        {"kind": "log1p", "features": ["price"]},
+        {"kind": "truncate_last", "features": ["history"], "n": 8},
+        {"kind": "hash_modulo", "features": ["history"], "modulo": 7},
+        {"kind": "truncate_last", "features": ["history", "item"], "n": 5},
+        {"kind": "truncate_last", "features": ["history"], "n": 9},
+    ]
+    ops, rest = split_preprocessing(specs, ["history", "static"])
+    assert ops == {"history": StoredOps(moduli=(1000, 7), cap=5)}
+    assert rest == [
+        {"kind": "hash_modulo", "features": ["item"], "modulo": 1000},
+        {"kind": "log1p", "features": ["price"]},
+        {"kind": "truncate_last", "features": ["item"], "n": 5},
+    ]
+    assert split_preprocessing(specs, []) == ({}, specs)
+
+
+def kjt_of(unit: pa.Table) -> KeyedJaggedTensor:
+    stacked = read_stacked(unit)
+    assert stacked is not None
+    lengths, values = gather(stacked, stacked.index(FEATURES))
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=FEATURES, values=torch.from_numpy(values), lengths=torch.from_numpy(lengths)
+    )
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ops_on_stored_ids_equal_the_modules_on_the_gathered_kjt(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    rows = random_sessions(rng, 300)
+    # negative ids too: the modulo is non-negative on both paths
+    shifted = pa.array([[x - 25 for x in r] for r in rows.column("history").to_pylist()])
+    rows = rows.set_column(1, "history", shifted.cast(pa.list_(pa.int64())))
+    specs: list[dict[str, Any]] = [
+        {"kind": "hash_modulo", "features": ["history", "static"], "modulo": 11},
+        {"kind": "truncate_last", "features": ["history"], "n": int(rng.integers(0, 5))},
+        {"kind": "hash_modulo", "features": ["history"], "modulo": 4},
+        {"kind": "truncate_last", "features": ["static"], "n": 1},
+    ]
+    module = build_preprocessing(specs, dense=[])[0]
+    assert module is not None
+    for stored in (FEATURES, ["history"], []):  # encoded, one of them, a plain unit
+        unit = stack_unit(encode_row_group(rows, stored), FEATURES, stored, path="<test>")
+        before = kjt_of(unit).values().clone()
+        expected = module(kjt_of(unit))
+        ops, rest = split_preprocessing(specs, FEATURES)
+        assert rest == []
+        got = kjt_of(preprocess_stacked(unit, ops))
+        assert torch.equal(got.lengths(), expected.lengths())
+        assert torch.equal(got.values(), expected.values())
+        assert int(got.values().min()) >= 0
+        # the unit it came from is untouched (its buffer is shared with the Arrow arrays)
+        assert torch.equal(kjt_of(unit).values(), before)
+
+
+def test_the_batch_modules_leave_the_stored_features_out() -> None:
+    specs: list[dict[str, Any]] = [
+        {"kind": "hash_modulo", "features": ["history", "item"], "modulo": 10},
+    ]
+    module = build_preprocessing(split_preprocessing(specs, ["history"])[1], dense=[])[0]
+    assert module is not None
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=["history", "item"],
+        values=torch.tensor([123, 456, 789]),
+        lengths=torch.tensor([2, 1]),
+    )
+    assert module(kjt).values().tolist() == [123, 456, 9]
