@@ -229,10 +229,15 @@ def changed_rows(stacked: Stacked, keys: Sequence[int]) -> np.ndarray:
 
 
 def gather(
-    stacked: Stacked, keys: Sequence[int], rows: np.ndarray | None = None
+    stacked: Stacked,
+    keys: Sequence[int],
+    rows: np.ndarray | None = None,
+    *,
+    out: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(lengths, ids) of ``keys`` x batch ``rows`` (increasing; None: all), key-major like a
-    KJT: key ``keys[0]``'s rows first. One gather per chunk, whatever the number of keys."""
+    KJT: key ``keys[0]``'s rows first. One gather per chunk, whatever the number of keys.
+    ``out``: an int64 array of exactly the ids' size to gather into (returned as the ids)."""
     picks, row = [], 0
     for chunk in stacked.chunks:
         size = chunk.num_rows
@@ -247,10 +252,10 @@ def gather(
     if len(picks) == 1:
         buffer, s, n = picks[0]
         lengths = n.reshape(-1).astype(np.int64)
-        return lengths, buffer[range_index(s.reshape(-1), lengths)]
+        return lengths, np.take(buffer, range_index(s.reshape(-1), lengths), out=out)
     lengths = np.concatenate([n for _, _, n in picks], axis=1).reshape(-1).astype(np.int64)
     out_starts = (np.cumsum(lengths) - lengths).reshape(len(keys), -1)
-    values = np.empty(int(lengths.sum()), dtype=np.int64)
+    values = np.empty(int(lengths.sum()), dtype=np.int64) if out is None else out
     column = 0
     for buffer, s, n in picks:
         m = s.shape[1]

@@ -172,20 +172,9 @@ def read_stacked_columns(
         stacked = read_stacked(batch)  # a stacked feature has no column of its own
     mine = [n for n in names if n in stacked.features] if stacked is not None else []
     if stacked is not None and mine:
-        gathered = jagged_from_lengths(*gather(stacked, stacked.index(mine)))
         if len(mine) == len(names):
-            return gathered
-        b = batch.num_rows
-        columns = []  # in ``names`` order: zero-copy views of the gathered block, or the batch's
-        for n in names:
-            if n in mine:
-                k = mine.index(n)
-                columns.append(
-                    JaggedColumn(gathered.offsets[k * b : (k + 1) * b + 1], gathered.values)
-                )
-            else:
-                columns.append(read_list_column(batch, n, source=source, row_offset=row_offset))
-        return stack_columns(columns)
+            return jagged_from_lengths(*gather(stacked, stacked.index(mine)))
+        return _stack_mixed(batch, names, stacked, source=source, row_offset=row_offset)
     arrays = [_chunks(batch, name, source=source, expected="list<int64>") for name in names]
     chunks = [chunk for column in arrays for chunk in column]
     if len(chunks) > 1 and all(c.type.equals(SPARSE_TYPE) for c in chunks):
@@ -200,6 +189,44 @@ def read_stacked_columns(
     return stack_columns(
         [read_list_column(batch, n, source=source, row_offset=row_offset) for n in names]
     )
+
+
+def _stack_mixed(
+    batch: RecordBatchLike, names: Sequence[str], stacked: Stacked, *, source: str, row_offset: int
+) -> JaggedColumn:
+    """``read_stacked_columns`` of stacked and plain features together: every id is written
+    once, straight to its place (each run of consecutive stacked features is one gather into
+    its block; each plain feature's ids, one copy)."""
+    b = batch.num_rows
+    plain = {
+        n: read_list_column(batch, n, source=source, row_offset=row_offset)
+        for n in names
+        if n not in stacked.features
+    }
+    lengths = np.empty((len(names), b), dtype=np.int64)
+    for k, n in enumerate(names):
+        if n in plain:
+            lengths[k] = np.diff(plain[n].offsets)
+        else:
+            j = stacked.features.index(n)
+            lengths[k] = np.concatenate([c.lengths[j] for c in stacked.chunks]) if b else 0
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths.reshape(-1), out=offsets[1:])
+    values = np.empty(int(offsets[-1]), dtype=np.int64)
+    k = 0
+    while k < len(names):
+        lo = int(offsets[k * b])
+        if names[k] in plain:
+            column = plain[names[k]]
+            values[lo : int(offsets[(k + 1) * b])] = column.values[: int(column.offsets[-1])]
+            k += 1
+            continue
+        end = k
+        while end < len(names) and names[end] not in plain:
+            end += 1
+        gather(stacked, stacked.index(names[k:end]), out=values[lo : int(offsets[end * b])])
+        k = end
+    return JaggedColumn(offsets=offsets, values=values)
 
 
 def jagged_from_lengths(lengths: np.ndarray, values: np.ndarray) -> JaggedColumn:
