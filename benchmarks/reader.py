@@ -104,7 +104,8 @@ NOPRE_CONFIGS = ("unclustered_kjt_nopre", "clustered_kjt_nopre", "clustered_ikjt
 """The same jobs at the batch size, without preprocessing."""
 DEDUP_CONFIGS = ("dedup_ikjt", "dedup_ikjt_nopre")
 """The jobs of clustered_ikjt and clustered_ikjt_nopre read from the dedup layout (``recd etl
---layout dedup``; IKJTs of encoded groups without hashing), with the groups ``recd analyze``
+--layout dedup``; IKJTs of encoded groups without hashing, the encoded features' sparse
+preprocessing on their stored ids once per row group), with the groups ``recd analyze``
 proposes on that table for each job."""
 FACTOR_ONLY = "clustered_ikjt_factor_only"
 """clustered+IKJT at the batch size with the groups of the paper's rule (factor above the

@@ -110,7 +110,8 @@ class ReaderConfig:
     """Preprocessing module specs, applied in order, e.g. ``{kind="hash_modulo",
     features=["item_id"], modulo=100000}``; kinds: hash_modulo, truncate_last (n), log1p,
     clamp (min and/or max), normalize (mean, std: a number or one per feature). Sparse kinds
-    run over IKJT distinct values only; dense kinds touch only the listed dense columns."""
+    run over IKJT distinct values only, and over the stored ids of features a dedup-layout
+    table encodes (once per row group); dense kinds touch only the listed dense columns."""
     shuffle: Shuffle = Shuffle.NONE
     """Shuffle granularity: none, file, row_group or session (never rows)."""
     seed: int = 0

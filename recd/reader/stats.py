@@ -18,7 +18,8 @@ class BatchTiming:
     convert_s: float
     """Arrow rows -> tensors (dense, labels, KJT, IKJTs: hashing for the dedup)."""
     process_s: float
-    """Preprocessing modules (over IKJT distinct values only)."""
+    """Preprocessing modules (over IKJT distinct values only), and the preprocessing of the
+    dedup layout's stored ids in the row groups opened while this batch was being filled."""
     read_bytes: int
     """Compressed bytes of the row groups opened while filling this batch."""
 
