@@ -30,7 +30,8 @@ ids), so mixed tables read as one.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,6 +67,16 @@ def stacked_columns(features: Sequence[str]) -> list[str]:
 
 
 # ------------------------------------------------------------------------- one unit
+@dataclass(frozen=True, slots=True)
+class StoredOps:
+    """Sparse preprocessing of one stacked feature, run on its stored ids
+    (``recd.reader.stored_ops``): ``id mod m`` for each of ``moduli`` in order, then keep the
+    last ``cap`` ids of each row (the two commute)."""
+
+    moduli: tuple[int, ...] = ()
+    cap: int | None = None
+
+
 def stack_unit(
     table: pa.Table,
     features: Sequence[str],
@@ -73,10 +84,14 @@ def stack_unit(
     *,
     path: str,
     first_row: int = 0,
+    ops: Mapping[str, StoredOps] | None = None,
+    ops_seconds: list[float] | None = None,
 ) -> pa.Table:
     """A unit's rows as read (``stored``: the features its file keeps as ``__new_ids`` +
     ``__start``; the rest of ``features`` are plain ``list<int64>`` columns) with every one
-    of ``features`` replaced by the stacked in-memory form (module docstring).
+    of ``features`` replaced by the stacked in-memory form (module docstring), and ``ops``
+    applied to the features they name: moduli over each feature's ids in the buffer, caps
+    on its rows' (start, length). The seconds the ops took are appended to ``ops_seconds``.
 
     Must run before rows are reordered (``__start`` counts in the file's order). BadRowError
     names the file, row (``first_row`` + index) and column of a row whose list would reach
@@ -92,13 +107,13 @@ def stack_unit(
     columns = dict(zip(table.column_names, table.columns, strict=True))  # one lookup each
     for j, feature in enumerate(features):
         name = new_ids_column(feature) if feature in stored else feature
-        array = one_chunk(columns[name])
+        array = _one_chunk(columns[name])
         ends[j] = array.offsets.to_numpy()
         lo, hi = int(ends[j, 0]), int(ends[j, -1])
         parts.append(array.values.slice(lo, hi - lo).to_numpy(zero_copy_only=False))
         drop.append(name)
         if feature in stored:
-            starts[j] = one_chunk(columns[start_column(feature)]).to_numpy()
+            starts[j] = _one_chunk(columns[start_column(feature)]).to_numpy()
             drop.append(start_column(feature))
         else:  # a plain list starts where it was appended
             starts[j] = ends[j, :-1] - lo
@@ -119,6 +134,11 @@ def stack_unit(
             "the row's list would start outside its row group's ids (corrupt dedup layout)",
         )
     starts += bases[:, None].astype(np.int32)  # positions in the unit's buffer
+    if ops:
+        t0 = time.perf_counter()
+        _apply_ops(buffer, bases, [part.size for part in parts], starts, lengths, features, ops)
+        if ops_seconds is not None:
+            ops_seconds.append(time.perf_counter() - t0)
     dropped_names = set(drop)
     kept = [i for i, c in enumerate(table.column_names) if c not in dropped_names]
     arrays: list[pa.Array | pa.ChunkedArray] = [table.column(i) for i in kept]
@@ -133,6 +153,37 @@ def stack_unit(
         ]
         arrays += [pa.array(starts[j]), pa.array(lengths[j])]
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _apply_ops(
+    buffer: np.ndarray,
+    bases: np.ndarray,
+    sizes: Sequence[int],
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    features: Sequence[str],
+    ops: Mapping[str, StoredOps],
+) -> None:
+    """``stack_unit``'s ops, in place: one ``remainder`` per modulus over each run of
+    consecutive features with the same moduli (their ids lie end to end in the buffer), and
+    one pass over the (K, n) positions of the capped features."""
+    moduli = [ops[f].moduli if f in ops else () for f in features]
+    j = 0
+    while j < len(features):
+        end = j + 1
+        while end < len(features) and moduli[end] == moduli[j]:
+            end += 1
+        segment = buffer[int(bases[j]) : int(bases[end - 1]) + sizes[end - 1]]
+        for modulus in moduli[j]:
+            np.remainder(segment, modulus, out=segment)
+        j = end
+    caps = [(k, ops[f].cap) for k, f in enumerate(features) if f in ops and ops[f].cap is not None]
+    if caps:
+        rows = np.array([k for k, _ in caps])
+        cap = np.array([c for _, c in caps], dtype=np.int32)[:, None]
+        drop = np.maximum(lengths[rows] - cap, 0)
+        starts[rows] += drop
+        lengths[rows] -= drop
 
 
 def take_rows(table: pa.Table, order: pa.Array) -> pa.Table:
@@ -152,8 +203,7 @@ def _holder(buffer: np.ndarray, rows: int) -> pa.Array:
     )
 
 
-def one_chunk(column: pa.ChunkedArray) -> pa.Array:
-    """The column as one array (zero-copy when it has one chunk)."""
+def _one_chunk(column: pa.ChunkedArray) -> pa.Array:
     return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 

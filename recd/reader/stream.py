@@ -21,7 +21,7 @@ from recd.layout import Layout, new_ids_column, start_column
 from recd.layout_read import stack_unit, take_rows
 from recd.reader.config import Shuffle
 from recd.reader.plan import ReadPlan, WorkUnit, locate, session_order
-from recd.reader.stored_ops import preprocess_stacked, split_preprocessing
+from recd.reader.stored_ops import split_preprocessing
 from recd.schema import SESSION_ID, strict_type
 from recd.tensors.jagged import SPARSE_TYPE
 
@@ -62,6 +62,7 @@ class UnitReader:
         sparse preprocessing applied to the stored ids."""
         table = self._read_raw(unit)
         table = normalise_table(table, unit, self.plan)
+        seconds: list[float] = []
         if self.plan.encoded:  # plain units too: a mixed table's batches have one form
             table = stack_unit(
                 table,
@@ -69,11 +70,10 @@ class UnitReader:
                 unit.encoded,
                 path=unit.path,
                 first_row=unit.first_row,
+                ops=self._stored_ops,
+                ops_seconds=seconds,
             )
-            if self._stored_ops:
-                t0 = time.perf_counter()
-                table = preprocess_stacked(table, self._stored_ops)
-                self.process_s += time.perf_counter() - t0
+            self.process_s += sum(seconds)
         if self.plan.config.shuffle == Shuffle.SESSION:
             ids = table.column(SESSION_ID).to_numpy()
             order = session_order(ids, seed=self.plan.config.seed, epoch=epoch, unit=unit.index)
