@@ -419,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
             "interval": "paired per round (plain vs the method, adjacent steps), pooled over "
             "repetitions: benchmarks.checkpoint.paired_ratio_interval",
             "load_average_1min": {"before": load_before, "after": load_1min()},
-            "command": "python benchmarks/undo_overhead.py" + (" --quick" if args.quick else ""),
+            "command": " ".join(["python benchmarks/undo_overhead.py", *sys.argv[1:]]),
         },
         "steps": reps,
     }
