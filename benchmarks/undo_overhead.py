@@ -319,7 +319,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile", default="rm1-like")
     parser.add_argument("--rows", type=int, help="table rows (default 100k, quick 10k)")
     parser.add_argument("--batch-size", type=int, help="per rank (default 2048, quick 256)")
-    parser.add_argument("--rounds", type=int, help="rounds per repetition (default 60, quick 4)")
+    parser.add_argument("--rounds", type=int, help="rounds per repetition (default 150, quick 4)")
     parser.add_argument("--reps", type=int, default=3, help="repetitions (fresh ranks, >= 3)")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=1)
@@ -329,7 +329,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.rows = args.rows or (10_000 if args.quick else 100_000)
     args.batch_size = args.batch_size or (256 if args.quick else 2048)
-    args.rounds = args.rounds or (4 if args.quick else 60)
+    args.rounds = args.rounds or (4 if args.quick else 150)
     return args
 
 

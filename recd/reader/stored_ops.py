@@ -11,10 +11,11 @@ a batch's lists from those positions:
 - ``truncate_last`` keeps a suffix of each row, which is a change of the row's (start, length)
   alone: ``start += max(length - n, 0)``, ``length = min(length, n)``.
 
-So for these features the reader runs the preprocessing when it reads a unit
-(``stack_unit(..., ops=...)``: one ``remainder`` over the buffer's ids of the features that
-share moduli, one pass over the capped features' positions), over its stored ids (on a real clickstream slice about one id per row instead of a 13-id history), and the
-batch's TorchScript modules (``recd.reader.transform``) leave them out. The batches are the
+So for these features the reader runs the preprocessing when it reads a unit, over its stored
+ids (on a real clickstream slice about one id per row instead of a 13-id history):
+``stack_unit(..., ops=...)`` makes one ``remainder`` pass over the buffer's ids of the
+features that share moduli and one pass over the capped features' positions. The batch's
+TorchScript modules (``recd.reader.transform``) leave these features out. The batches are the
 same, bit for bit, as preprocessing the gathered KJT (tested against the modules). Chained
 specs on one feature compose: the moduli apply in spec order, and truncations keep the
 shortest suffix.
@@ -29,7 +30,10 @@ from typing import Any
 
 from recd.layout_read import StoredOps
 
-__all__ = ["StoredOps", "split_preprocessing"]
+__all__ = ["STORED_KINDS", "StoredOps", "split_preprocessing"]
+
+STORED_KINDS = ("hash_modulo", "truncate_last")
+"""The sparse kinds that run on stored ids; any other kind runs on the batch's lists."""
 
 
 def split_preprocessing(
@@ -46,7 +50,7 @@ def split_preprocessing(
     rest: list[dict[str, Any]] = []
     for spec in specs:
         kind = spec["kind"]
-        if kind not in ("hash_modulo", "truncate_last"):
+        if kind not in STORED_KINDS:
             rest.append(dict(spec))
             continue
         features = list(spec["features"])
