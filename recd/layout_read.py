@@ -40,9 +40,9 @@ import pyarrow.parquet as pq
 
 from recd.errors import BadRowError, SchemaError
 from recd.layout import (
-    NEW_IDS_SUFFIX,
-    START_SUFFIX,
     Layout,
+    group_ids_column,
+    group_lengths_column,
     layout_of,
     new_ids_column,
     range_index,
@@ -82,61 +82,90 @@ def stack_unit(
     features: Sequence[str],
     stored: Sequence[str],
     *,
+    groups: Sequence[Sequence[str]] = (),
     path: str,
     first_row: int = 0,
     ops: Mapping[str, StoredOps] | None = None,
     ops_seconds: list[float] | None = None,
 ) -> pa.Table:
-    """A unit's rows as read (``stored``: the features its file keeps as ``__new_ids`` +
-    ``__start``; the rest of ``features`` are plain ``list<int64>`` columns) with every one
-    of ``features`` replaced by the stacked in-memory form (module docstring), and ``ops``
-    applied to the features they name: moduli over each feature's ids in the buffer, caps
-    on its rows' (start, length). The seconds the ops took are appended to ``ops_seconds``.
+    """A unit's rows as read with every one of ``features`` replaced by the stacked in-memory
+    form (module docstring), and ``ops`` applied to the features they name: moduli over each
+    feature's ids in the buffer, caps on its rows' (start, length). The seconds the ops took
+    are appended to ``ops_seconds``.
+
+    How the unit's file stores them: ``stored`` as ``__new_ids`` + ``__start``, the members
+    of ``groups`` (whole groups, as the file declares them) in their group's two columns, the
+    rest of ``features`` as plain ``list<int64>`` columns.
 
     Must run before rows are reordered (``__start`` counts in the file's order). BadRowError
     names the file, row (``first_row`` + index) and column of a row whose list would reach
     outside its row group's sequence (a corrupt file).
     """
     n, k = table.num_rows, len(features)
-    # int32 (K, n) matrices, every pass over all features at once (per-feature numpy work
-    # cost more than the Parquet decoding the layout saves)
-    ends = np.empty((k, n + 1), dtype=np.int32)
+    member = {f: (tuple(g), i) for g in groups for i, f in enumerate(g)}
+    index = {f: j for j, f in enumerate(features)}
+    alone = [j for j, f in enumerate(features) if f not in member]
     starts = np.empty((k, n), dtype=np.int32)
-    parts: list[np.ndarray] = []
+    lengths = np.empty((k, n), dtype=np.int32)
+    parts: list[_Part] = []
     drop: list[str] = []
     columns = dict(zip(table.column_names, table.columns, strict=True))  # one lookup each
-    for j, feature in enumerate(features):
+    # Features alone: int32 (K, n) matrices, every pass over all of them at once (per-feature
+    # numpy work cost more than the Parquet decoding the layout saves).
+    ends = np.empty((len(alone), n + 1), dtype=np.int32)
+    local = np.empty((len(alone), n), dtype=np.int32)
+    for i, j in enumerate(alone):
+        feature = features[j]
         name = new_ids_column(feature) if feature in stored else feature
         array = _one_chunk(columns[name])
-        ends[j] = array.offsets.to_numpy()
-        lo, hi = int(ends[j, 0]), int(ends[j, -1])
-        parts.append(array.values.slice(lo, hi - lo).to_numpy(zero_copy_only=False))
+        ends[i] = array.offsets.to_numpy()
+        lo, hi = int(ends[i, 0]), int(ends[i, -1])
+        parts.append(_Part(array.values.slice(lo, hi - lo).to_numpy(zero_copy_only=False), (j,)))
         drop.append(name)
         if feature in stored:
-            starts[j] = _one_chunk(columns[start_column(feature)]).to_numpy()
+            local[i] = _one_chunk(columns[start_column(feature)]).to_numpy()
             drop.append(start_column(feature))
         else:  # a plain list starts where it was appended
-            starts[j] = ends[j, :-1] - lo
-    bases = np.zeros(k, dtype=np.int64)
-    np.cumsum([part.size for part in parts[:-1]], out=bases[1:])
-    buffer = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-    if buffer.size > np.iinfo(np.int32).max:
-        raise SchemaError(f"{path}: a row group holds more than 2**31 ids of stacked features")
-    buffer = buffer.astype(np.int64, copy=False)
+            local[i] = ends[i, :-1] - lo
     ends -= ends[:, :1]  # positions in each feature's sequence
-    lengths = ends[:, 1:] - starts
-    if n and (int(starts.min()) < 0 or int(lengths.min()) < 0):
-        j, row = (int(x[0]) for x in np.nonzero((starts < 0) | (lengths < 0)))
+    run = ends[:, 1:] - local
+    if n and alone and (int(local.min()) < 0 or int(run.min()) < 0):
+        i, row = (int(x[0]) for x in np.nonzero((local < 0) | (run < 0)))
         raise BadRowError(
             path,
             first_row + row,
-            start_column(features[j]),
+            start_column(features[alone[i]]),
             "the row's list would start outside its row group's ids (corrupt dedup layout)",
         )
-    starts += bases[:, None].astype(np.int32)  # positions in the unit's buffer
+    base = np.zeros(len(alone), dtype=np.int64)
+    np.cumsum([part.ids.size for part in parts[:-1]], out=base[1:])
+    starts[alone] = local + base[:, None].astype(np.int32)  # positions in the unit's buffer
+    lengths[alone] = run
+    offset = int(base[-1]) + parts[-1].ids.size if parts else 0
+    for group in dict.fromkeys(member[f][0] for f in features if f in member):
+        ids, stored_lengths, group_starts, group_lengths = _group_positions(
+            _one_chunk(columns[group_ids_column(group)]),
+            _one_chunk(columns[group_lengths_column(group)]),
+            len(group),
+            path=path,
+            first_row=first_row,
+            column=group_lengths_column(group),
+        )
+        wanted = [index.get(f, -1) for f in group]
+        parts.append(_Part(ids, tuple(wanted), stored_lengths))
+        for i, j in enumerate(wanted):
+            if j >= 0:
+                starts[j] = group_starts[i] + offset
+                lengths[j] = group_lengths[i]
+        offset += ids.size
+        drop += [group_ids_column(group), group_lengths_column(group)]
+    buffer = np.concatenate([part.ids for part in parts]) if parts else np.zeros(0, np.int64)
+    if buffer.size > np.iinfo(np.int32).max:
+        raise SchemaError(f"{path}: a row group holds more than 2**31 ids of stacked features")
+    buffer = buffer.astype(np.int64, copy=False)
     if ops:
         t0 = time.perf_counter()
-        _apply_ops(buffer, bases, [part.size for part in parts], starts, lengths, features, ops)
+        _apply_ops(buffer, parts, starts, lengths, features, ops)
         if ops_seconds is not None:
             ops_seconds.append(time.perf_counter() - t0)
     dropped_names = set(drop)
@@ -155,28 +184,109 @@ def stack_unit(
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
+@dataclass(slots=True)
+class _Part:
+    """One stretch of a unit's id buffer: one feature's sequence, or a group's ids (its
+    stored rows' lists, member after member)."""
+
+    ids: np.ndarray
+    features: tuple[int, ...]
+    """Indices (into the stacked features) of the features whose ids these are; for a group,
+    one per member, -1 for a member the reader does not read."""
+    member_lengths: np.ndarray | None = None
+    """A group's (members, stored rows) lengths, in the order of ``ids`` (None: one
+    feature)."""
+
+
+def _group_positions(
+    ids: pa.Array, lengths: pa.Array, k: int, *, path: str, first_row: int, column: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(ids, stored lengths, starts, lengths) of one group's members in one row group: the
+    group's ids, the (k, stored rows) lengths of its stored rows, and the (k, n) int32
+    positions in the ids of every row's list (a repeat: its stored predecessor's).
+    BadRowError for a row that is neither a stored row nor a repeat."""
+    n = len(ids)
+    id_offsets = ids.offsets.to_numpy()
+    lo, hi = int(id_offsets[0]), int(id_offsets[-1])
+    values = ids.values.slice(lo, hi - lo).to_numpy(zero_copy_only=False)
+    length_offsets = lengths.offsets.to_numpy()
+    counts = np.diff(length_offsets)
+    stored = counts > 0
+    flat = lengths.values.slice(
+        int(length_offsets[0]), int(length_offsets[-1] - length_offsets[0])
+    ).to_numpy(zero_copy_only=False)
+    member_lengths = flat.reshape(-1, k).T if flat.size % k == 0 else flat[None, :0]
+    appended = np.diff(id_offsets)
+    bad = (counts != 0) & (counts != k)
+    if n:
+        bad[0] |= not stored[0]  # a row group starts with a stored row
+    if flat.size % k == 0 and flat.size:
+        bad[stored] |= (member_lengths < 0).any(axis=0)
+        bad[stored] |= member_lengths.sum(axis=0) != appended[stored]
+    bad[~stored] |= appended[~stored] != 0
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise BadRowError(
+            path,
+            first_row + row,
+            column,
+            f"a row of a group of {k} features must store {k} lengths adding up to its ids, "
+            "or repeat the row before it with no ids (corrupt dedup layout)",
+        )
+    within = np.cumsum(member_lengths, axis=0, dtype=np.int64) - member_lengths  # exclusive
+    stored_starts = within + (id_offsets[:-1][stored] - lo)
+    rank = np.cumsum(stored) - 1  # each row's stored row (itself, or the last before it)
+    return (
+        values,
+        member_lengths,
+        stored_starts[:, rank].astype(np.int32),
+        member_lengths[:, rank].astype(np.int32),
+    )
+
+
 def _apply_ops(
     buffer: np.ndarray,
-    bases: np.ndarray,
-    sizes: Sequence[int],
+    parts: Sequence[_Part],
     starts: np.ndarray,
     lengths: np.ndarray,
     features: Sequence[str],
     ops: Mapping[str, StoredOps],
 ) -> None:
     """``stack_unit``'s ops, in place: one ``remainder`` per modulus over each run of
-    consecutive features with the same moduli (their ids lie end to end in the buffer), and
-    one pass over the (K, n) positions of the capped features."""
+    consecutive parts whose features share their moduli (a group's members with different
+    moduli: one per member's ids), and one pass over the (K, n) positions of the capped
+    features."""
     moduli = [ops[f].moduli if f in ops else () for f in features]
-    j = 0
-    while j < len(features):
-        end = j + 1
-        while end < len(features) and moduli[end] == moduli[j]:
-            end += 1
-        segment = buffer[int(bases[j]) : int(bases[end - 1]) + sizes[end - 1]]
-        for modulus in moduli[j]:
+    runs: list[tuple[int, int, tuple[int, ...]]] = []  # (lo, hi, moduli) in buffer order
+    lo = 0
+    for part in parts:
+        hi = lo + part.ids.size
+        mine = {moduli[j] for j in part.features if j >= 0}
+        if len(mine) <= 1:
+            m = mine.pop() if mine else ()
+            if runs and runs[-1][2] == m and runs[-1][1] == lo:
+                runs[-1] = (runs[-1][0], hi, m)
+            else:
+                runs.append((lo, hi, m))
+        else:  # members of one group with different moduli: by each id's member
+            assert part.member_lengths is not None
+            stored = part.member_lengths
+            owner = np.repeat(
+                np.tile(np.arange(len(part.features)), stored.shape[1]), stored.T.reshape(-1)
+            )
+            segment = buffer[lo:hi]
+            for i, j in enumerate(part.features):
+                if j >= 0 and moduli[j]:
+                    mask = owner == i
+                    picked = segment[mask]
+                    for modulus in moduli[j]:
+                        np.remainder(picked, modulus, out=picked)
+                    segment[mask] = picked
+        lo = hi
+    for lo, hi, m in runs:
+        segment = buffer[lo:hi]
+        for modulus in m:
             np.remainder(segment, modulus, out=segment)
-        j = end
     caps = [(k, ops[f].cap) for k, f in enumerate(features) if f in ops and ops[f].cap is not None]
     if caps:
         rows = np.array([k for k, _ in caps])
@@ -317,17 +427,32 @@ def gather(
 
 
 # ------------------------------------------------------------------------- whole files
-def decode_table(table: pa.Table, encoded: Sequence[str], *, path: str = "<table>") -> pa.Table:
-    """``table`` (one row group of a dedup-layout file, as read) with every encoded feature
-    back in its plain ``list<int64>`` column (where its ``__new_ids`` column was)."""
-    stacked_table = stack_unit(table, encoded, encoded, path=path)
+def decode_table(
+    table: pa.Table,
+    encoded: Sequence[str],
+    *,
+    groups: Sequence[Sequence[str]] = (),
+    path: str = "<table>",
+) -> pa.Table:
+    """``table`` (one row group of a dedup-layout file as read, any of its columns; the
+    file's ``encoded`` features and ``groups``) with every encoded feature back in its plain
+    ``list<int64>`` column (where its ``__new_ids`` column was; a group's members, in order,
+    where the group's columns were)."""
+    layout = Layout("dedup", tuple(encoded), tuple(tuple(g) for g in groups))
+    present = set(table.column_names)
+    encoded = [f for f in layout.encoded if layout.stored_column(f) in present]
+    groups = [g for g in layout.groups if group_ids_column(g) in present]
+    stacked_table = stack_unit(table, encoded, layout.singles, groups=groups, path=path)
     stacked = read_stacked(stacked_table)
     assert stacked is not None
     names: list[str] = []
     columns: list[pa.Array | pa.ChunkedArray] = []
     for name, column in zip(table.column_names, table.columns, strict=True):
-        if name.endswith(NEW_IDS_SUFFIX) and name[: -len(NEW_IDS_SUFFIX)] in encoded:
-            feature = name[: -len(NEW_IDS_SUFFIX)]
+        features = _logical(name, layout)
+        if features is None:
+            names.append(name)
+            columns.append(column)
+        for feature in features or ():
             lengths, values = gather(stacked, stacked.index([feature]))
             offsets = np.zeros(lengths.size + 1, dtype=np.int64)
             np.cumsum(lengths, out=offsets[1:])
@@ -335,36 +460,49 @@ def decode_table(table: pa.Table, encoded: Sequence[str], *, path: str = "<table
             columns.append(
                 pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
             )
-        elif not (name.endswith(START_SUFFIX) and name[: -len(START_SUFFIX)] in encoded):
-            names.append(name)
-            columns.append(column)
     return pa.table(columns, names=names)
 
 
+def _logical(name: str, layout: Layout) -> list[str] | None:
+    """The features a file column holds in plain form: None for a column that is its own
+    (not an encoded feature's), [] for the second column of an encoded feature or group."""
+    for group in layout.groups:
+        if name == group_ids_column(group):
+            return list(group)
+        if name == group_lengths_column(group):
+            return []
+    for feature in layout.singles:
+        if name == new_ids_column(feature):
+            return [feature]
+        if name == start_column(feature):
+            return []
+    return None
+
+
 def read_plain(path: str, columns: Sequence[str] | None = None) -> pa.Table:
-    """A table file's rows (``columns`` of them, by logical name) in the plain form, whatever
-    its layout: a dedup-layout file is decoded row group by row group."""
+    """A table file's rows (``columns`` of them, by logical name, in that order) in the plain
+    form, whatever its layout: a dedup-layout file is decoded row group by row group."""
     file = pq.ParquetFile(path)
     layout = layout_of(file.schema_arrow, source=path)
     if not layout.encoded:
         return file.read(columns=None if columns is None else list(columns))
     wanted = list(columns) if columns is not None else _logical_names(file.schema_arrow, layout)
     physical = layout.physical_columns(wanted)
-    encoded = [f for f in layout.encoded if f in wanted]
-    groups = [
-        decode_table(file.read_row_group(i, columns=physical), encoded, path=path)
-        for i in range(file.num_row_groups)
-    ]
-    if not groups:
-        return decode_table(file.schema_arrow.empty_table().select(physical), encoded, path=path)
-    return pa.concat_tables(groups)
+
+    def decode(rows: pa.Table) -> pa.Table:
+        return decode_table(rows, layout.encoded, groups=layout.groups, path=path)
+
+    parts = [
+        decode(file.read_row_group(i, columns=physical)) for i in range(file.num_row_groups)
+    ] or [decode(file.schema_arrow.empty_table().select(physical))]
+    return pa.concat_tables(parts).select(wanted)
 
 
 def _logical_names(schema: pa.Schema, layout: Layout) -> list[str]:
-    names = []
+    if layout.columns:
+        return list(layout.columns)
+    names: list[str] = []
     for name in schema.names:
-        if name.endswith(NEW_IDS_SUFFIX) and name[: -len(NEW_IDS_SUFFIX)] in layout.encoded:
-            names.append(name[: -len(NEW_IDS_SUFFIX)])
-        elif not (name.endswith(START_SUFFIX) and name[: -len(START_SUFFIX)] in layout.encoded):
-            names.append(name)
+        features = _logical(name, layout)
+        names.extend([name] if features is None else features)
     return names

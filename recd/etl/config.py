@@ -174,6 +174,8 @@ class EtlReport:
     """The table layout written (``plain`` or ``dedup``)."""
     encoded_features: list[str] = field(default_factory=list)
     """Sparse features stored in the dedup layout's encoded form."""
+    encoded_groups: list[list[str]] = field(default_factory=list)
+    """Of ``encoded_features``, those stored together (they change on the same rows)."""
     stored_id_fraction: dict[str, float] = field(default_factory=dict)
     """Dedup layout: stored ids / ids of each candidate feature, measured on the encoding
     sample (the default encodes those at or below ``recd.layout.MAX_STORED_FRACTION``)."""

@@ -114,7 +114,14 @@ from recd.etl.validate import (
     frame_content_sizes,
     iter_frames,
 )
-from recd.layout import choose_encoded, dedup_schema, encode_row_group, statistics_columns
+from recd.layout import (
+    PLAIN,
+    Layout,
+    choose_encoded,
+    dedup_schema,
+    encode_row_group,
+    statistics_columns,
+)
 from recd.logs.hashing import splitmix64
 from recd.logs.rawlog import MANIFEST_FILE, read_catalogue
 from recd.progress import peak_rss_bytes, progress_bar
@@ -406,15 +413,17 @@ class PartitionWriter:
         target_file_bytes: int,
         split_at_sessions: bool,
         codec: SpoolCodec,
-        encoded: list[str] | None = None,
+        layout: Layout = PLAIN,
     ) -> None:
         self.directory = directory
         self.schema = schema  # the catalogue's, metadata included
         self.strict_schema = strict_schema(schema)  # no nulls reach a table (recd.etl.validate)
-        self.encoded = list(encoded or [])
-        """Features written in the dedup layout (recd.layout), each row group encoded alone."""
+        self.layout = layout
+        """The dedup layout's features and groups (recd.layout), each row group encoded alone."""
         self.file_schema = (
-            dedup_schema(self.strict_schema, self.encoded) if self.encoded else self.strict_schema
+            dedup_schema(self.strict_schema, layout.encoded, layout.groups)
+            if layout.encoded
+            else self.strict_schema
         )
         self.writer_options = writer_options
         self.row_group_rows = row_group_rows
@@ -525,8 +534,10 @@ class PartitionWriter:
             self._open()
         assert self._writer is not None
         table = as_table_schema(rows, self.strict_schema)
-        if self.encoded:
-            table = encode_row_group(table, self.encoded, schema=self.file_schema)
+        if self.layout.encoded:
+            table = encode_row_group(
+                table, self.layout.encoded, groups=self.layout.groups, schema=self.file_schema
+            )
         self._writer.write_table(table, row_group_size=self.row_group_rows)
         if self.split_at_sessions:
             self._last_session = int(rows.column(SESSION_ID)[-1].as_py())
@@ -573,7 +584,7 @@ class PartitionWriters:
         split_at_sessions: bool,
         writer_options: dict[str, Any],
         max_open_files: int = MAX_OPEN_FILES,
-        encoded: list[str] | None = None,
+        layout: Layout = PLAIN,
     ) -> None:
         if max_open_files < 1:
             raise ConfigError(f"max_open_files must be >= 1, got {max_open_files}")
@@ -586,7 +597,7 @@ class PartitionWriters:
         self.buffer_bytes = buffer_bytes
         self.split_at_sessions = split_at_sessions
         self.max_open_files = max_open_files
-        self.encoded = list(encoded or [])
+        self.layout = layout
         self.codec = SpoolCodec(schema.remove_metadata())
         self.writers: dict[Partition, PartitionWriter] = {}
         self.rows_per_partition: dict[Partition, int] = {}
@@ -615,7 +626,7 @@ class PartitionWriters:
                 target_file_bytes=self.target_file_bytes,
                 split_at_sessions=self.split_at_sessions,
                 codec=self.codec,
-                encoded=self.encoded,
+                layout=self.layout,
             )
         position, total = 0, rows.num_rows
         while position < total:
@@ -714,7 +725,7 @@ class LocalEtl:
         self.run_id = new_run_id()
         self.staging = staging_dir(config.table_dir, self.run_id)
         self.candidates = config.dedup_candidates(self.catalogue)
-        self.encoded: list[str] = []  # chosen on the first rows (_start_writers)
+        self.layout = PLAIN  # the dedup layout's: chosen on the first rows (_start_writers)
         self.report = EtlReport(
             run_id=self.run_id,
             engine="local",
@@ -950,7 +961,7 @@ class LocalEtl:
         config = self.config
         if self.candidates:  # the columns as the dedup layout writes them
             sample = table.slice(0, SAMPLE_ROWS)
-            self.encoded, fractions = choose_encoded(
+            self.layout, fractions = choose_encoded(
                 sample,
                 self.candidates,
                 listed=config.dedup_features is not None,
@@ -960,9 +971,10 @@ class LocalEtl:
                     row_group_rows=config.row_group_rows,
                 ),
             )
-            self.report.encoded_features = list(self.encoded)
+            self.report.encoded_features = list(self.layout.encoded)
+            self.report.encoded_groups = [list(g) for g in self.layout.groups]
             self.report.stored_id_fraction = fractions
-            table = encode_row_group(sample, self.encoded)
+            table = encode_row_group(sample, self.layout.encoded, groups=self.layout.groups)
         self.plan = plan_encodings(
             table,
             sample_bytes=self._sample_bytes(),
@@ -987,16 +999,16 @@ class LocalEtl:
                 **self._statistics(),
             },
             max_open_files=MAX_OPEN_FILES,
-            encoded=self.encoded,
+            layout=self.layout,
         )
         return self.writers
 
     def _statistics(self) -> dict[str, Any]:
         """Writer option: no min/max statistics for the dedup layout's encoded columns."""
-        if not self.encoded:
+        if not self.layout.encoded:
             return {}
-        schema = dedup_schema(strict_schema(self.schema), self.encoded)
-        return {"write_statistics": statistics_columns(schema, self.encoded)}
+        schema = dedup_schema(strict_schema(self.schema), self.layout.encoded, self.layout.groups)
+        return {"write_statistics": statistics_columns(schema)}
 
     def _sample_bytes(self) -> int:
         budget = self.config.memory_budget_bytes

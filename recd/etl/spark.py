@@ -161,7 +161,14 @@ from recd.etl.validate import (
     Quarantine,
     decode_frame,
 )
-from recd.layout import choose_encoded, dedup_schema, encode_row_group, statistics_columns
+from recd.layout import (
+    PLAIN,
+    Layout,
+    choose_encoded,
+    dedup_schema,
+    encode_row_group,
+    statistics_columns,
+)
 from recd.logs.rawlog import read_catalogue
 from recd.progress import peak_rss_bytes
 from recd.schema import SESSION_ID, TS, Catalogue
@@ -347,6 +354,8 @@ class SparkJob:
     """``use_dictionary`` / ``column_encoding`` from the encoding plan (same for every file)."""
     encoded: list[str] = field(default_factory=list)
     """Features written in the dedup layout (recd.layout), each row group encoded alone."""
+    groups: list[list[str]] = field(default_factory=list)
+    """Of ``encoded``, those stored together (``recd.layout.Layout.groups``)."""
     fail_once_dir: str | None = None
     """Test hook (FAIL_ONCE_ENV); None in normal runs."""
     partition_by: str = "hour"
@@ -554,8 +563,12 @@ class HourFileWriter:
         self.name = name
         self.rows = 0
         self.schema = schema  # the table schema (Catalogue.table_schema), metadata included
-        self.encoded = list(job.encoded)
-        self.file_schema = dedup_schema(schema, self.encoded) if self.encoded else schema
+        self.layout = Layout("dedup", tuple(job.encoded), tuple(tuple(g) for g in job.groups))
+        self.file_schema = (
+            dedup_schema(schema, self.layout.encoded, self.layout.groups)
+            if self.layout.encoded
+            else schema
+        )
         self.row_group_rows = job.row_group_rows
         directory = partition.path(Path(job.staging))
         directory.mkdir(parents=True, exist_ok=True)
@@ -585,8 +598,10 @@ class HourFileWriter:
     def _flush(self, rows: int) -> None:
         table = pa.concat_tables(self.pending)
         group = table.slice(0, rows)
-        if self.encoded:
-            group = encode_row_group(group, self.encoded, schema=self.file_schema)
+        if self.layout.encoded:
+            group = encode_row_group(
+                group, self.layout.encoded, groups=self.layout.groups, schema=self.file_schema
+            )
         self.writer.write_table(group, row_group_size=self.row_group_rows)
         rest = table.slice(rows)
         self.pending = [rest] if rest.num_rows else []
@@ -762,7 +777,7 @@ class SparkEtl:
         self.parquet_fraction = 1.0
         """File bytes per decoded byte, measured on the encoding sample (1.0 until then)."""
         self.candidates = config.dedup_candidates(self.catalogue)
-        self.encoded: list[str] = []  # chosen on the encoding sample (_plan_encodings)
+        self.layout = PLAIN  # the dedup layout's: chosen on the encoding sample (_plan_encodings)
         self.report = EtlReport(
             run_id=self.run_id,
             engine="spark",
@@ -815,7 +830,8 @@ class SparkEtl:
             row_group_rows=self.config.row_group_rows,
             zstd_level=self.config.zstd_level,
             writer_options={} if plan is None else {**plan.writer_options(), **self._statistics()},
-            encoded=list(self.encoded),
+            encoded=list(self.layout.encoded),
+            groups=[list(g) for g in self.layout.groups],
             fail_once_dir=os.environ.get(FAIL_ONCE_ENV) or None,
             partition_by=self.partition_by,
         )
@@ -859,7 +875,7 @@ class SparkEtl:
         sample = table.take(order.slice(0, SAMPLE_ROWS))
         decoded_bytes = sample.nbytes
         if self.candidates:  # the columns as the dedup layout writes them
-            self.encoded, fractions = choose_encoded(
+            self.layout, fractions = choose_encoded(
                 sample,
                 self.candidates,
                 listed=self.config.dedup_features is not None,
@@ -869,9 +885,10 @@ class SparkEtl:
                     row_group_rows=self.config.row_group_rows,
                 ),
             )
-            self.report.encoded_features = list(self.encoded)
+            self.report.encoded_features = list(self.layout.encoded)
+            self.report.encoded_groups = [list(g) for g in self.layout.groups]
             self.report.stored_id_fraction = fractions
-            sample = encode_row_group(sample, self.encoded)
+            sample = encode_row_group(sample, self.layout.encoded, groups=self.layout.groups)
         plan = plan_encodings(
             sample,
             sample_bytes=SAMPLE_MAX_BYTES
@@ -895,10 +912,12 @@ class SparkEtl:
 
     def _statistics(self) -> dict[str, Any]:
         """Writer option: no min/max statistics for the dedup layout's encoded columns."""
-        if not self.encoded:
+        if not self.layout.encoded:
             return {}
-        schema = dedup_schema(self.catalogue.table_schema(), self.encoded)
-        return {"write_statistics": statistics_columns(schema, self.encoded)}
+        schema = dedup_schema(
+            self.catalogue.table_schema(), self.layout.encoded, self.layout.groups
+        )
+        return {"write_statistics": statistics_columns(schema)}
 
     def _default_partitions(self, units: list[Unit]) -> int:
         """Write tasks for files of about ``target_file_bytes`` (see the module docstring)."""

@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from recd.errors import ConfigError, SchemaError
 from recd.etl.tables import committed_files
-from recd.layout import Layout, layout_of, new_ids_column
+from recd.layout import PLAIN, Layout, layout_of
 from recd.layout_read import stacked_columns
 from recd.reader.config import SPARSE_PREPROCESS_KINDS, ReaderConfig, Shuffle
 from recd.reader.infer import infer_catalogue
@@ -66,6 +66,13 @@ class WorkUnit:
     """Compressed bytes of the projected column chunks: what reading the unit costs."""
     encoded: tuple[str, ...] = ()
     """Sparse features read that the file stores in the dedup layout (``recd.layout``)."""
+    groups: tuple[tuple[str, ...], ...] = ()
+    """The file's groups (whole) holding some of ``encoded`` (``recd.layout.Layout.groups``)."""
+
+    @property
+    def layout(self) -> Layout:
+        """The unit's layout, for the features read."""
+        return Layout("dedup", self.encoded, self.groups) if self.encoded else PLAIN
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +257,7 @@ def build_plan(config: ReaderConfig) -> ReadPlan:
         )
     units: list[WorkUnit] = []
     for path, meta, layout in zip(files, metas, layouts, strict=True):
-        encoded = tuple(f for f in sparse if f in layout.encoded)
+        read = layout.restricted(sparse)
         physical = set(layout.physical_columns(columns))
         first_row = 0
         for rg in range(meta.num_row_groups):
@@ -264,7 +271,8 @@ def build_plan(config: ReaderConfig) -> ReadPlan:
                         num_rows=group.num_rows,
                         first_row=first_row,
                         read_bytes=_projected_bytes(group, physical),
-                        encoded=encoded,
+                        encoded=read.encoded,
+                        groups=read.groups,
                     )
                 )
             first_row += group.num_rows
@@ -343,14 +351,15 @@ def _check_schemas(
     """Types of ``columns``; SchemaError if one is missing, unusable, or changes across files.
 
     A feature a file stores in the dedup layout has the type of its ``__new_ids`` column
-    (its ``__start`` column was checked by ``layout_of``)."""
+    (or of its group's ``__group_ids`` column; the other columns were checked by
+    ``layout_of``)."""
     sparse_set = set(sparse)
     types: dict[str, pa.DataType] = {}
     origin: dict[str, Path] = {}
     for path, meta, layout in zip(files, metas, layouts, strict=True):
         schema = meta.schema.to_arrow_schema()
         for name in columns:
-            stored = new_ids_column(name) if name in layout.encoded else name
+            stored = layout.stored_column(name)
             idx = schema.get_field_index(stored)
             if idx < 0:
                 seen = f" (present in {origin[name]})" if name in origin else ""

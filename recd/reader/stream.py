@@ -17,7 +17,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from recd.errors import BadRowError, SchemaError
-from recd.layout import Layout, new_ids_column, start_column
 from recd.layout_read import stack_unit, take_rows
 from recd.reader.config import Shuffle
 from recd.reader.plan import ReadPlan, WorkUnit, locate, session_order
@@ -67,7 +66,8 @@ class UnitReader:
             table = stack_unit(
                 table,
                 self.plan.encoded,
-                unit.encoded,
+                unit.layout.singles,
+                groups=unit.groups,
                 path=unit.path,
                 first_row=unit.first_row,
                 ops=self._stored_ops,
@@ -83,7 +83,7 @@ class UnitReader:
     def _read_raw(self, unit: WorkUnit) -> pa.Table:
         columns = self.plan.columns
         if unit.encoded:
-            columns = Layout("dedup", unit.encoded).physical_columns(columns)
+            columns = unit.layout.physical_columns(columns)
         try:
             if self._path != unit.path or self._file is None:
                 self._file = pq.ParquetFile(unit.path)
@@ -104,7 +104,7 @@ def normalise_table(table: pa.Table, unit: WorkUnit, plan: ReadPlan) -> pa.Table
     metadata, so a row group costs a few attribute reads per column, not a compute kernel.
     """
     sparse = set(plan.sparse)
-    stored = {c for f in unit.encoded for c in (new_ids_column(f), start_column(f))}
+    stored = set(unit.layout.physical_columns(unit.encoded))
     columns = []
     # Tables written by recd's ETL have no nullable field (Catalogue.table_schema): their
     # columns hold no null and are viewed, zero-copy, as the canonical nullable types, so

@@ -100,9 +100,10 @@ def test_a_fresh_list_on_every_row_is_not_chosen_by_default() -> None:
             "user": pa.array([[s] for s in np.repeat(np.arange(20), 10)], LIST),
         }
     )
-    chosen, fractions = choose_encoded(rows, ["item", "user"], listed=False)
-    assert chosen == ["user"] and fractions["item"] == 1.0 and fractions["user"] == 0.1
-    assert choose_encoded(rows, ["item"], listed=True)[0] == ["item"]
+    layout, fractions = choose_encoded(rows, ["item", "user"], listed=False)
+    assert layout.encoded == ("user",) and fractions["item"] == 1.0 and fractions["user"] == 0.1
+    assert layout.groups == ()  # a group needs two features changing on the same rows
+    assert choose_encoded(rows, ["item"], listed=True)[0].encoded == ("item",)
 
 
 def write_dedup_file(path: Path, rows: pa.Table, features: list[str]) -> None:
@@ -146,11 +147,12 @@ def test_a_newer_layout_version_is_refused_with_an_upgrade_hint() -> None:
         layout_of(schema, source="f.parquet")
 
 
-@pytest.mark.parametrize(("b_encoded", "chosen"), [(104, ["a", "b", "hist"]), (120, ["hist"])])
+@pytest.mark.parametrize(("group_bytes", "chosen"), [(204, ["a", "b", "hist"]), (220, ["hist"])])
 def test_synchronised_features_are_chosen_by_their_bytes_together(
-    b_encoded: int, chosen: list[str]
+    group_bytes: int, chosen: list[str]
 ) -> None:
-    # a and b are session-constant (they change on the same rows): decided as one block.
+    # a and b are session-constant (they change on the same rows): one group, decided as one
+    # block by the group's bytes (at most 1.05 x their plain 200).
     sessions = np.repeat(np.arange(30), 8)
     rows = pa.table(
         {
@@ -164,11 +166,113 @@ def test_synchronised_features_are_chosen_by_their_bytes_together(
     def sizes(table: pa.Table) -> dict[str, int]:
         if "a" in table.column_names:  # plain
             return {"a": 100, "b": 100, "hist": 1000}
-        encoded = {"a": 100, "b": b_encoded, "hist": 100}
+        encoded = {"a__group_ids": group_bytes, "hist__new_ids": 100}
         return {
-            c: encoded[c.split("__")[0]] if c.endswith("__new_ids") else 0
-            for c in table.column_names
+            c: encoded.get(c, 1000 if c.endswith("__new_ids") else 0) for c in table.column_names
         }
 
-    got, fractions = choose_encoded(rows, ["a", "b", "hist"], listed=False, sizes=sizes)
-    assert got == chosen and set(fractions) == {"a", "b", "hist"}
+    layout, fractions = choose_encoded(rows, ["a", "b", "hist"], listed=False, sizes=sizes)
+    assert list(layout.encoded) == chosen and set(fractions) == {"a", "b", "hist"}
+    assert layout.groups == ((("a", "b"),) if "a" in chosen else ())
+
+
+def test_groups_round_trip_exactly_and_store_repeats_as_empty_lists() -> None:
+    rng = np.random.default_rng(11)
+    rows = random_sessions(rng, 400)
+    sessions = rows.column("session_id").to_numpy()
+    user = pa.array([[int(s), int(s) * 3] for s in sessions], LIST)  # session-constant
+    rows = rows.append_column("user", user)
+    # any grouping is exact, also of features that change on different rows or slide
+    for groups in ([["static", "user"]], [["history", "static", "user"]], [["user", "history"]]):
+        features = ["history", "static", "user"]
+        for lo, hi in ((0, 400), (37, 200), (5, 6)):
+            group = rows.slice(lo, hi - lo)
+            stored = encode_row_group(group, features, groups=groups)
+            back = decode_table(stored, features, groups=groups)
+            assert back.select(group.column_names).equals(group)
+    stored = encode_row_group(rows, ["user", "static"], groups=[["user", "static"]])
+    assert "user__group_ids" in stored.column_names and "static__start" not in stored.column_names
+    lengths = stored.column("user__group_lengths").to_pylist()
+    ids = stored.column("user__group_ids").to_pylist()
+    static = rows.column("static").to_pylist()
+    for i, (n, values) in enumerate(zip(lengths, ids, strict=True)):
+        new_session = i == 0 or sessions[i] != sessions[i - 1]
+        repeat = not new_session and static[i] == static[i - 1]
+        assert (n == [] and values == []) == repeat, i  # a repeat stores nothing
+        if not repeat:
+            assert n == [2, len(static[i])] and values == [sessions[i], sessions[i] * 3, *static[i]]
+
+
+def test_the_etl_groups_features_that_change_together_and_never_slide() -> None:
+    sessions = np.repeat(np.arange(40), 6)
+    rows = pa.table(
+        {
+            "session_id": pa.array(sessions, pa.int64()),
+            "a": pa.array([[int(s)] for s in sessions], LIST),
+            "b": pa.array([[int(s) % 7, 1] for s in sessions], LIST),
+            "hist": pa.array([list(range(i % 6, i % 6 + 3)) for i in range(240)], LIST),
+            "hist2": pa.array([list(range(i % 6 + 9, i % 6 + 12)) for i in range(240)], LIST),
+        }
+    )
+    layout, _ = choose_encoded(rows, ["a", "b", "hist", "hist2"], listed=True)
+    # hist and hist2 slide on the same rows: each stays alone (a sliding row stores one id)
+    assert layout.encoded == ("a", "b", "hist", "hist2") and layout.groups == (("a", "b"),)
+    schema = dedup_schema(rows.schema, layout.encoded, layout.groups)
+    assert schema.names == [
+        "session_id",
+        "a__group_ids",
+        "a__group_lengths",
+        "hist__new_ids",
+        "hist__start",
+        "hist2__new_ids",
+        "hist2__start",
+    ]
+    assert layout_of(schema, source="f") == layout
+    assert b'"version": 2' in schema.metadata[LAYOUT_METADATA_KEY]
+    # a file without groups is version 1: older readers read it
+    assert b'"version": 1' in dedup_schema(rows.schema, ["hist"]).metadata[LAYOUT_METADATA_KEY]
+
+
+def test_a_grouped_file_reads_plain_in_the_requested_order(tmp_path: Path) -> None:
+    rows = random_sessions(np.random.default_rng(5), 300)
+    rows = rows.append_column("user", rows.column("static"))
+    path = tmp_path / "part-00000.parquet"
+    features, groups = ["static", "user", "history"], [["static", "user"]]
+    schema = dedup_schema(rows.schema, features, groups)
+    with pq.ParquetWriter(path, schema) as writer:
+        for lo in range(0, rows.num_rows, 64):
+            writer.write_table(
+                encode_row_group(rows.slice(lo, 64), features, groups=groups, schema=schema)
+            )
+    assert read_plain(str(path)).equals(rows)
+    assert read_plain(str(path), ["user", "session_id"]).equals(rows.select(["user", "session_id"]))
+    with pytest.raises((KeyError, pa.ArrowInvalid)):
+        pq.read_table(path, columns=["user"])
+
+
+@pytest.mark.parametrize(
+    ("row", "lengths", "ids", "why"),
+    [
+        (4, [1], [7], "one length for a group of two"),
+        (0, [], [], "a row group starting with a repeat"),
+        (4, [1, 1], [7], "lengths adding up to more than the ids"),
+        (4, [], [7], "a repeat with ids"),
+    ],
+)
+def test_a_corrupt_group_row_fails_naming_file_row_and_column(
+    row: int, lengths: list[int], ids: list[int], why: str
+) -> None:
+    rows = random_sessions(np.random.default_rng(3), 64)
+    groups = [["history", "static"]]
+    stored = encode_row_group(rows, ["history", "static"], groups=groups)
+    for name, value in (("history__group_lengths", lengths), ("history__group_ids", ids)):
+        column = stored.column(name).to_pylist()
+        column[row] = value
+        i = stored.schema.get_field_index(name)
+        stored = stored.set_column(
+            i, stored.schema.field(i), pa.array(column, stored.schema.field(i).type)
+        )
+    with pytest.raises(
+        BadRowError, match=rf"f\.parquet: row {row + 10}: field 'history__group_lengths'"
+    ):
+        stack_unit(stored, ["static"], [], groups=groups, path="f.parquet", first_row=10)

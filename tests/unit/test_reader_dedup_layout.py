@@ -102,11 +102,16 @@ def test_the_etl_encodes_what_it_is_told_or_what_pays(tables: dict[str, Path]) -
     plan = build_plan(ReaderConfig(table=str(tables["dedup"])))
     assert plan.encoded == load_catalogue("clickstream").sparse_names
     assert all(u.encoded for u in plan.units)
-    # By default: the sliding histories (about an id per row instead of 13); the short
-    # session-constant context features are smaller plain (zstd removes their runs).
+    # By default: the sliding histories (about an id per row instead of 13), each alone, and
+    # the session-constant context features, which change on the same rows, as one group
+    # (two columns for the four; alone, each would be larger than plain); the item id, new on
+    # most rows, stays plain.
     default = build_plan(ReaderConfig(table=str(tables["default"])))
-    assert {"history_items", "history_event_types"} <= set(default.encoded)
-    assert not any(f.startswith("user_context") for f in default.encoded)
+    context = tuple(f"user_context_{i}" for i in range(4))
+    assert set(default.encoded) == {"history_items", "history_event_types", *context}
+    assert all(u.groups == (context,) for u in default.units)
+    everything = build_plan(ReaderConfig(table=str(tables["dedup"])))
+    assert all(u.groups == (context,) for u in everything.units)  # listed: grouped the same
     assert_same(read(tables["default"]), read(tables["plain"]))
     # one plain KJT of encoded and plain features, in the table's key order
     no_groups = {"dedup_sparse_features": [], "shuffle": "row_group"}

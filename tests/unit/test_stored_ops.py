@@ -55,6 +55,11 @@ def test_ops_on_stored_ids_equal_the_modules_on_the_gathered_kjt(seed: int) -> N
     # negative ids too: the modulo is non-negative on both paths
     shifted = pa.array([[x - 25 for x in r] for r in rows.column("history").to_pylist()])
     rows = rows.set_column(1, "history", shifted.cast(pa.list_(pa.int64())))
+    extra = [
+        [int(x) for x in rng.integers(-9, 99, size=int(rng.integers(0, 3)))]
+        for _ in range(rows.num_rows)
+    ]
+    rows = rows.append_column("extra", pa.array(extra, pa.list_(pa.int64())))
     specs: list[dict[str, Any]] = [
         {"kind": "hash_modulo", "features": ["history", "static"], "modulo": 11},
         {"kind": "truncate_last", "features": ["history"], "n": int(rng.integers(0, 5))},
@@ -63,9 +68,17 @@ def test_ops_on_stored_ids_equal_the_modules_on_the_gathered_kjt(seed: int) -> N
     ]
     module = build_preprocessing(specs, dense=[])[0]
     assert module is not None
-    for stored in (FEATURES, ["history"], []):  # encoded, one of them, a plain unit
-        encoded = encode_row_group(rows, stored)
-        unit = stack_unit(encoded, FEATURES, stored, path="<test>")
+    cases: list[tuple[list[str], list[list[str]]]] = [
+        (FEATURES, []),  # encoded, each alone
+        (["history"], []),  # one of them
+        ([], []),  # a plain unit
+        (FEATURES, [FEATURES]),  # one group, its members with different moduli
+        ([*FEATURES, "extra"], [["static", "extra"]]),  # a group with a member not read
+    ]
+    for stored, groups in cases:
+        encoded = encode_row_group(rows, stored, groups=groups)
+        alone = [f for f in stored if not any(f in g for g in groups)]
+        unit = stack_unit(encoded, FEATURES, alone, groups=groups, path="<test>")
         before = kjt_of(unit).values().clone()
         expected = module(kjt_of(unit))
         ops, rest = split_preprocessing(specs, FEATURES)
@@ -74,7 +87,8 @@ def test_ops_on_stored_ids_equal_the_modules_on_the_gathered_kjt(seed: int) -> N
         processed = stack_unit(
             encoded,
             FEATURES,
-            stored,
+            alone,
+            groups=groups,
             path="<test>",
             ops=ops,
             ops_seconds=seconds,
@@ -85,7 +99,7 @@ def test_ops_on_stored_ids_equal_the_modules_on_the_gathered_kjt(seed: int) -> N
         assert torch.equal(got.values(), expected.values())
         assert int(got.values().min()) >= 0
         # the rows as read are not changed in place (Arrow buffers may be shared)
-        again = stack_unit(encoded, FEATURES, stored, path="<test>")
+        again = stack_unit(encoded, FEATURES, alone, groups=groups, path="<test>")
         assert torch.equal(kjt_of(again).values(), before)
 
 
