@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 from recd.errors import ConfigError, SchemaError
 from recd.etl.tables import committed_files
 from recd.layout import PLAIN, Layout, layout_of
-from recd.layout_read import stacked_columns
+from recd.layout_read import STACKED_COLUMNS
 from recd.reader.config import SPARSE_PREPROCESS_KINDS, ReaderConfig, Shuffle
 from recd.reader.infer import infer_catalogue
 from recd.schema import (
@@ -117,7 +117,7 @@ class ReadPlan:
         """The columns of a batch's rows: ``columns`` less ``session_id`` and the encoded
         features, then the stacked columns holding those."""
         out = [c for c in self.columns if c != SESSION_ID and c not in self.encoded]
-        return out + stacked_columns(self.encoded) if self.encoded else out
+        return out + list(STACKED_COLUMNS) if self.encoded else out
 
     @property
     def num_rows(self) -> int:

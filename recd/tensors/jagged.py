@@ -209,7 +209,7 @@ def _stack_mixed(
             lengths[k] = np.diff(plain[n].offsets)
         else:
             j = stacked.features.index(n)
-            lengths[k] = np.concatenate([c.lengths[j] for c in stacked.chunks]) if b else 0
+            lengths[k] = np.concatenate([c.lengths[:, j] for c in stacked.chunks]) if b else 0
     offsets = np.zeros(lengths.size + 1, dtype=np.int64)
     np.cumsum(lengths.reshape(-1), out=offsets[1:])
     values = np.empty(int(offsets[-1]), dtype=np.int64)
