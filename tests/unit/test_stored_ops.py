@@ -11,8 +11,9 @@ import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from recd.errors import SchemaError
 from recd.layout import encode_row_group
-from recd.layout_read import gather, read_stacked, stack_unit
+from recd.layout_read import gather, read_stacked, stack_unit, take_rows
 from recd.reader.stored_ops import StoredOps, split_preprocessing
 from recd.reader.transform import build_preprocessing
 from tests.unit.test_layout import random_sessions
@@ -115,3 +116,35 @@ def test_the_batch_modules_leave_the_stored_features_out() -> None:
         lengths=torch.tensor([2, 1]),
     )
     assert module(kjt).values().tolist() == [123, 456, 9]
+
+
+def lists_of(unit: pa.Table) -> dict[str, list[list[int]]]:
+    return {f: [r.tolist() for r in jt.to_dense()] for f, jt in kjt_of(unit).to_dict().items()}
+
+
+def test_slices_and_reorders_of_a_unit_read_their_own_rows() -> None:
+    """The stacked positions are K-wide columns: a slice of a unit (a batch starting
+    mid-unit), a reordered unit and two units in one table read exactly their rows."""
+    rows = random_sessions(np.random.default_rng(3), 120)
+    unit = stack_unit(encode_row_group(rows, FEATURES), FEATURES, FEATURES, path="<test>")
+    whole = lists_of(unit)
+    assert whole == {f: rows.column(f).to_pylist() for f in FEATURES}
+    n = unit.num_rows
+    for lo, hi in ((0, 1), (17, 63), (n - 1, n)):
+        assert lists_of(unit.slice(lo, hi - lo)) == {f: v[lo:hi] for f, v in whole.items()}
+    order = np.random.default_rng(5).permutation(n)
+    assert lists_of(take_rows(unit, pa.array(order))) == {
+        f: [v[i] for i in order] for f, v in whole.items()
+    }
+    two = pa.concat_tables([unit.slice(5, 40), unit.slice(80, 30)])
+    assert lists_of(two) == {f: v[5:45] + v[80:110] for f, v in whole.items()}
+
+
+def test_stacked_columns_of_the_wrong_width_are_refused() -> None:
+    rows = random_sessions(np.random.default_rng(4), 20)
+    unit = stack_unit(encode_row_group(rows, FEATURES), FEATURES, FEATURES, path="<test>")
+    n = unit.num_rows
+    narrow = pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(n, np.int32)), 1)
+    bad = unit.set_column(unit.num_columns - 1, "__recd_lengths", narrow)
+    with pytest.raises(SchemaError, match="stacked columns"):
+        read_stacked(bad)
