@@ -13,11 +13,19 @@ So the reader itself is timed: on a sample of the batches it cuts from the table
 spaced, full batches), its conversion + sparse preprocessing code
 (:func:`recd.tensors.convert.convert_sparse` and the job's TorchScript modules, as
 :class:`recd.reader.transform.BatchTransform` runs them) runs each configuration of dedup
-groups (:func:`job_timer`: one warm-up pass, then the median of ``reps`` passes), and
-:func:`choose_groups` keeps the candidates by backward elimination *in context*: with every
-candidate deduplicated, each one is left out in turn, and a group stays only if leaving it
-out costs the job more than :data:`PAY_MARGIN` of the plain job's time; what remains must beat
-the plain job by that margin too, else nothing is proposed.
+groups (:class:`JobTimer`: one warm-up pass per configuration), and :func:`choose_groups`
+keeps the candidates by backward elimination *in context*: with every candidate
+deduplicated, each one is left out in turn, and a group stays only if leaving it out costs
+the job more than :data:`PAY_MARGIN` of the plain job's time; what remains must beat the
+plain job by that margin too, else nothing is proposed.
+
+Every such verdict is a *paired* comparison (:meth:`JobTimer.difference`): the two
+configurations' passes alternate (a b, b a, a b, ...) and the median of the per-pair
+differences counts. Timing each configuration once and subtracting the medians let one slow
+second of the machine decide: on rm1-like, a run in which the every-group configuration was
+timed during such a second found every group "costing" 0.2-1.6 ms per 1k samples and
+proposed none (the benchmark's reader then ran 1.10x instead of ~1.5x); the runs before
+found the same groups saving 1.8-3.9 ms.
 
 In context, because savings do not add up. On rm1-like at batch 2048 (hash + truncate
 preprocessing), timing each group alone against the plain job kept 2 of 5 groups (1.25x over
@@ -26,8 +34,8 @@ each saved 0-1 ms per 1k samples alone but 2.1 ms together, next to the user gro
 plain KJT stays in cache). A first design, a per-machine linear model fitted on synthetic
 batches, mispredicted the same groups by up to 1.4 ms per 1k samples.
 
-The timings are noisy on a shared machine, so a group near the margin can go either way
-between runs; either verdict then costs or saves little. ``recd analyze`` times the reader with
+The timings are still noisy on a shared machine, so a group near the margin can go either
+way between runs; either verdict then costs or saves little. ``recd analyze`` times the reader with
 fixed malloc thresholds, as reader worker processes run (:mod:`recd.reader.memory`): with
 glibc's dynamic threshold the plain rm1-like job alone moved between 8 and 14 ms per 1k
 samples in one process.
@@ -40,7 +48,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,7 +75,9 @@ REPS = 5
 """Timed passes over the sample per configuration; the median counts."""
 
 ConfigTimer = Callable[[list[list[str]]], float]
-"""Reader seconds per sample of the job with the given dedup groups (plain KJT for the rest)."""
+"""Reader seconds per sample of the job with the given dedup groups (plain KJT for the rest).
+A :class:`JobTimer` also times pairs of configurations against each other; any other timer
+(a model, a test's) is compared by subtraction."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -86,8 +97,12 @@ class Choice:
 
 
 def choose_groups(candidates: list[list[str]], timer: ConfigTimer) -> Choice:
-    """Backward elimination in context (module doc): at most one round per candidate."""
+    """Backward elimination in context (module doc): at most one round per candidate. The
+    savings are paired differences when ``timer`` is a :class:`JobTimer`."""
     plain = timer([])
+    difference = (
+        timer.difference if isinstance(timer, JobTimer) else lambda a, b: timer(a) - timer(b)
+    )
     kept = [list(g) for g in candidates]
     saving: dict[tuple[str, ...], float] = {}
     rounds = 0
@@ -95,10 +110,10 @@ def choose_groups(candidates: list[list[str]], timer: ConfigTimer) -> Choice:
         rounds += 1
         with_all = timer(kept)
         for g in kept:
-            saving[tuple(g)] = timer([h for h in kept if h is not g]) - with_all
+            saving[tuple(g)] = difference([h for h in kept if h is not g], kept)
         keep = [g for g in kept if saving[tuple(g)] > PAY_MARGIN * plain]
         if len(keep) == len(kept):
-            if plain - with_all > PAY_MARGIN * plain:
+            if difference([], kept) > PAY_MARGIN * plain:
                 return Choice(
                     groups=kept, saving_s=saving, plain_s=plain, chosen_s=with_all, rounds=rounds
                 )
@@ -182,39 +197,101 @@ def sample_batches(
     ]
 
 
+class JobTimer:
+    """Times a job's configurations of dedup groups over ``batches`` (a list, or a callable
+    reading it when the first configuration is timed): each configuration's conversion +
+    sparse preprocessing with its own compiled module (as a reader has), warmed up by one
+    pass. ``stacked``: the features that arrive preprocessed (:func:`sample_batches` with
+    the same preprocessing), which the module leaves out as the reader's does."""
+
+    def __init__(
+        self,
+        batches: list[pa.Table] | Callable[[], list[pa.Table]],
+        sparse: list[str],
+        *,
+        preprocessing: list[dict[str, Any]],
+        stacked: Sequence[str] = (),
+        reps: int = REPS,
+    ) -> None:
+        self._batches = batches
+        self.sparse = sparse
+        self.reps = reps
+        self._specs = split_preprocessing(sparse_preprocessing(preprocessing, sparse), stacked)[1]
+        self._runs: dict[tuple[tuple[str, ...], ...], Callable[[], float]] = {}
+        self._seconds: dict[tuple[tuple[str, ...], ...], float] = {}
+
+    def __call__(self, groups: list[list[str]]) -> float:
+        """Seconds per sample: the median of ``reps`` passes (cached per configuration)."""
+        key = _key(groups)
+        if key not in self._seconds:
+            run = self._runner(groups)
+            with _one_thread():
+                self._seconds[key] = statistics.median(run() for _ in range(self.reps))
+            self._seconds[key] /= self._rows
+        return self._seconds[key]
+
+    def difference(self, a: list[list[str]], b: list[list[str]]) -> float:
+        """Seconds per sample of ``a`` minus ``b``: the median over ``reps`` pairs of passes,
+        each pair run back to back in alternating order, so a slow stretch of the machine
+        lands on both sides of a pair."""
+        run_a, run_b = self._runner(a), self._runner(b)
+        diffs = []
+        with _one_thread():
+            for i in range(self.reps):
+                if i % 2:
+                    tb = run_b()
+                    diffs.append(run_a() - tb)
+                else:
+                    ta = run_a()
+                    diffs.append(ta - run_b())
+        return statistics.median(diffs) / self._rows
+
+    @property
+    def _rows(self) -> int:
+        return sum(b.num_rows for b in self._sample())
+
+    def _sample(self) -> list[pa.Table]:
+        if callable(self._batches):
+            self._batches = self._batches()
+        return self._batches
+
+    def _runner(self, groups: list[list[str]]) -> Callable[[], float]:
+        key = _key(groups)
+        if key not in self._runs:
+            batches = self._sample()
+            spec = FeatureSpec(sparse=self.sparse, labels=[], dedup_sparse_features=groups)
+            with _one_thread():
+                module = build_preprocessing(self._specs, dense=[])[0]
+                _run(batches, spec, module)  # warm-up: TorchScript profiling, allocator
+            self._runs[key] = lambda: _run(batches, spec, module)
+        return self._runs[key]
+
+
 def job_timer(
-    batches: list[pa.Table],
+    batches: list[pa.Table] | Callable[[], list[pa.Table]],
     sparse: list[str],
     *,
     preprocessing: list[dict[str, Any]],
     stacked: Sequence[str] = (),
     reps: int = REPS,
-) -> ConfigTimer:
-    """A :data:`ConfigTimer` over ``batches``: a configuration's conversion + sparse
-    preprocessing with its own compiled module (as a reader has), one warm-up pass, then the
-    median of ``reps`` passes; cached per configuration. ``stacked``: the features that
-    arrive preprocessed (:func:`sample_batches` with the same preprocessing), which the
-    module leaves out as the reader's does."""
-    specs = split_preprocessing(sparse_preprocessing(preprocessing, sparse), stacked)[1]
-    rows = sum(b.num_rows for b in batches)
-    cache: dict[tuple[tuple[str, ...], ...], float] = {}
+) -> JobTimer:
+    """The :class:`JobTimer` of a job over ``batches``."""
+    return JobTimer(batches, sparse, preprocessing=preprocessing, stacked=stacked, reps=reps)
 
-    def time_config(groups: list[list[str]]) -> float:
-        key = tuple(tuple(g) for g in groups)
-        if key not in cache:
-            spec = FeatureSpec(sparse=sparse, labels=[], dedup_sparse_features=groups)
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)  # one reader = one core
-            try:
-                module = build_preprocessing(specs, dense=[])[0]
-                _run(batches, spec, module)  # warm-up: TorchScript profiling, allocator
-                times = [_run(batches, spec, module) for _ in range(reps)]
-            finally:
-                torch.set_num_threads(threads)
-            cache[key] = statistics.median(times) / rows
-        return cache[key]
 
-    return time_config
+def _key(groups: list[list[str]]) -> tuple[tuple[str, ...], ...]:
+    return tuple(tuple(g) for g in groups)
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """One reader = one core."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _run(batches: list[pa.Table], spec: FeatureSpec, module: torch.nn.Module | None) -> float:

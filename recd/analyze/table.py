@@ -387,24 +387,21 @@ def analyze_table(
             root, groups, batch_size=batch_size, start=start, end=end, show_progress=show_progress
         )
 
-    def time_on_sample(groups: list[list[str]]) -> float:
-        if not sample:  # read and wrap once, for the first configuration timed
-            batches = sample_batches(
-                root,
-                features,
-                batch_size=batch_size,
-                start=start,
-                end=end,
-                preprocessing=preprocessing,
-            )
-            timer_of = job_timer(
-                batches, features, preprocessing=preprocessing or [], stacked=plan.encoded
-            )
-            sample.append(timer_of)
-        return sample[0](groups)
-
-    sample: list[ConfigTimer] = []
     plan = sparse_plan(root, features, batch_size=batch_size, start=start, end=end)
+    # the sample is read when the first configuration is timed
+    timed = job_timer(
+        lambda: sample_batches(
+            root,
+            features,
+            batch_size=batch_size,
+            start=start,
+            end=end,
+            preprocessing=preprocessing,
+        ),
+        features,
+        preprocessing=preprocessing or [],
+        stacked=plan.encoded,
+    )
     return _summarise(
         root,
         catalogue,
@@ -414,7 +411,7 @@ def analyze_table(
         batch_size=batch_size,
         threshold=threshold,
         sync_threshold=sync_threshold,
-        timer=timer or (time_on_sample if cost_aware else None),
+        timer=timer or (timed if cost_aware else None),
         preprocessing=preprocessing or [],
         stacked=frozenset(plan.encoded),
     )

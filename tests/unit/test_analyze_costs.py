@@ -12,9 +12,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import recd.analyze.costs as costs
 from recd.analyze import (
     PAY_MARGIN,
     ConfigTimer,
+    JobTimer,
     analyze_table,
     choose_groups,
     hash_all_preprocessing,
@@ -27,6 +29,7 @@ from recd.layout import dedup_schema, encode_row_group
 from recd.reader import ReaderConfig
 from recd.reader.dataset import iter_batches
 from recd.schema import Catalogue, SparseFeature
+from recd.tensors.convert import FeatureSpec
 
 from .test_analyze import CATALOGUE, hand_table, write
 
@@ -202,6 +205,52 @@ def test_job_timer_times_the_readers_own_batches(tmp_path: Path) -> None:
     plain, grouped = timer([]), timer([CONTEXT])
     assert plain > 0 and grouped > 0
     assert timer([]) == plain  # cached: the same configuration is timed once
+
+
+def test_paired_differences_alternate_and_outlast_a_slow_stretch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = write_one(tmp_path / "t", short_table())
+    read: list[int] = []
+
+    def load() -> list[pa.Table]:
+        read.append(1)
+        return sample_batches(root, SHORT.sparse_names, batch_size=512, start=None, end=None)
+
+    order: list[str] = []
+
+    def fake_run(batches: list[pa.Table], spec: FeatureSpec, module: object) -> float:
+        grouped = bool(spec.dedup_sparse_features)
+        order.append("g" if grouped else "p")
+        slow = 5.0 if len(order) in (5, 6, 7) else 0.0  # the machine stalls for three passes
+        return (2.0 if grouped else 3.0) + slow
+
+    monkeypatch.setattr(costs, "_run", fake_run)
+    timer = JobTimer(load, SHORT.sparse_names, preprocessing=[], reps=5)
+    assert read == []  # nothing is read before a configuration is timed
+    saving = timer.difference([], [CONTEXT])
+    assert read == [1]
+    assert order == ["p", "g", *"pggppggppg"]  # warm-ups, then alternating pairs
+    assert saving * 4096 == 1.0  # 8 batches of 512 rows; the stall moved no median
+    # A subtraction of separately timed medians is what a stall can move.
+    order.clear()
+    assert timer([]) * 4096 == 3.0 and len(order) == 5
+
+
+def test_choose_groups_takes_a_job_timers_paired_differences() -> None:
+    class Paired(JobTimer):
+        def __init__(self) -> None:
+            pass
+
+        def __call__(self, groups: list[list[str]]) -> float:
+            return 10.0 if not groups else 12.0  # subtracting medians: dedup costs 2
+
+        def difference(self, a: list[list[str]], b: list[list[str]]) -> float:
+            return 1.0 if len(a) < len(b) else -1.0  # paired: each group saves 1
+
+    choice = choose_groups([["a"], ["b"]], Paired())
+    assert choice.groups == [["a"], ["b"]]
+    assert choice.saving_s == {("a",): 1.0, ("b",): 1.0}
 
 
 def test_cli_times_the_job_of_a_reader_config(
