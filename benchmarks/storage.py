@@ -82,6 +82,7 @@ from recd.etl.validate import (
     decode_frame,
     iter_frames,
 )
+from recd.layout import GROUP_IDS_SUFFIX, GROUP_LENGTHS_SUFFIX
 from recd.logs.generate import generate_logs
 from recd.logs.rawlog import read_catalogue
 from recd.logs.shard import compare_sharding
@@ -91,6 +92,8 @@ from recd.stats import spread
 RESULTS = Path(__file__).resolve().parent / "results"
 PROFILES = ("rm1-like", "clickstream")
 HEADLINE_PROFILE = "rm1-like"
+GROUP_KEY = "__group"
+"""``column_bytes``: a dedup group's two columns, under its first member's name + this."""
 FULL_ROWS = 1_000_000
 QUICK_ROWS = 40_000
 FULL_SHARDS = 64
@@ -545,8 +548,9 @@ def measure_profile(profile: str, args: argparse.Namespace, work: Path) -> dict[
 
 
 def column_bytes(table_dir: Path) -> dict[str, int]:
-    """Compressed bytes of each column (``f__new_ids`` and ``f__start`` counted as ``f``) of
-    a table's files, and ``footers`` (the rest of the files: footers, page indexes)."""
+    """Compressed bytes of each column (``f__new_ids`` and ``f__start`` counted as ``f``, a
+    group's two columns as ``g__group``, after its first member ``g``) of a table's files, and
+    ``footers`` (the rest of the files: footers, page indexes)."""
     out: dict[str, int] = {}
     total = 0
     for path in sorted(table_dir.rglob("*.parquet")):
@@ -559,6 +563,9 @@ def column_bytes(table_dir: Path) -> dict[str, int]:
                 name = chunk.path_in_schema.split(".")[0]
                 for suffix in ("__new_ids", "__start"):
                     name = name.removesuffix(suffix)
+                for suffix in (GROUP_IDS_SUFFIX, GROUP_LENGTHS_SUFFIX):
+                    if name.endswith(suffix):
+                        name = name.removesuffix(suffix) + GROUP_KEY
                 out[name] = out.get(name, 0) + chunk.total_compressed_size
     out["footers"] = total - sum(out.values())
     return out
@@ -623,7 +630,9 @@ def profile_block(
     # What no sparse dedup can remove: the columns that are not sparse features (keys, ts,
     # labels, dense features) and the footers, as the dedup layout stores them.
     sparse = set(load_catalogue(profile).sparse_names)
-    fixed = sum(v for k, v in columns["dedup_layout"].items() if k not in sparse)
+    fixed = sum(
+        v for k, v in columns["dedup_layout"].items() if k.removesuffix(GROUP_KEY) not in sparse
+    )
     block["dedup_layout_non_sparse_bytes"] = fixed
     block["table_ratio_bound_without_sparse"] = baseline_bytes / fixed if fixed else None
     block["column_bytes"] = columns
