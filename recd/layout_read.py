@@ -98,7 +98,7 @@ def stack_unit(
     outside its row group's sequence (a corrupt file).
     """
     n, k = table.num_rows, len(features)
-    member = {f: (tuple(g), i) for g in groups for i, f in enumerate(g)}
+    member = {f: tuple(g) for g in groups for f in g}  # feature -> its group
     index = {f: j for j, f in enumerate(features)}
     alone = [j for j, f in enumerate(features) if f not in member]
     # (K, n) views of (K, n + 16): with a row stride of a power of two (n = 8192) the
@@ -140,7 +140,7 @@ def stack_unit(
     starts[alone] = local + base[:, None].astype(np.int32)  # positions in the unit's buffer
     lengths[alone] = run
     offset = int(base[-1]) + parts[-1].ids.size if parts else 0
-    for group in dict.fromkeys(member[f][0] for f in features if f in member):
+    for group in dict.fromkeys(member[f] for f in features if f in member):
         ids, stored_lengths, group_starts, group_lengths = _group_positions(
             _one_chunk(columns[group_ids_column(group)]),
             _one_chunk(columns[group_lengths_column(group)]),

@@ -13,7 +13,6 @@ from recd.analyze.costs import (
     JobTimer,
     choose_groups,
     hash_all_preprocessing,
-    job_timer,
     sample_batches,
 )
 from recd.analyze.table import (
@@ -63,7 +62,6 @@ __all__ = [
     "format_report",
     "hash_all_preprocessing",
     "is_clustered",
-    "job_timer",
     "propose_groups",
     "reader_dedup_counts",
     "sample_batches",

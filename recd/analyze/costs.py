@@ -181,7 +181,7 @@ def sample_batches(
     """Up to ``count`` full batches the reader cuts from ``table`` (one worker, table order),
     evenly spaced; the table's only batch if it has no full one. With the job's
     ``preprocessing``, the features the table stores in the dedup layout arrive preprocessed,
-    as a reader's do (``recd.reader.stored_ops``); the rest is left to :func:`job_timer`."""
+    as a reader's do (``recd.reader.stored_ops``); the rest is left to :class:`JobTimer`."""
     specs = sparse_preprocessing(preprocessing or [], sparse)
     plan = sparse_plan(
         table, sparse, batch_size=batch_size, start=start, end=end, drop_last=True, specs=specs
@@ -265,18 +265,6 @@ class JobTimer:
                 _run(batches, spec, module)  # warm-up: TorchScript profiling, allocator
             self._runs[key] = lambda: _run(batches, spec, module)
         return self._runs[key]
-
-
-def job_timer(
-    batches: list[pa.Table] | Callable[[], list[pa.Table]],
-    sparse: list[str],
-    *,
-    preprocessing: list[dict[str, Any]],
-    stacked: Sequence[str] = (),
-    reps: int = REPS,
-) -> JobTimer:
-    """The :class:`JobTimer` of a job over ``batches``."""
-    return JobTimer(batches, sparse, preprocessing=preprocessing, stacked=stacked, reps=reps)
 
 
 def _key(groups: list[list[str]]) -> tuple[tuple[str, ...], ...]:

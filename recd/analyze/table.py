@@ -55,8 +55,8 @@ import pyarrow.parquet as pq
 from recd.analyze.costs import (
     PAY_MARGIN,
     ConfigTimer,
+    JobTimer,
     choose_groups,
-    job_timer,
     sample_batches,
     sparse_plan,
 )
@@ -389,7 +389,7 @@ def analyze_table(
 
     plan = sparse_plan(root, features, batch_size=batch_size, start=start, end=end)
     # the sample is read when the first configuration is timed
-    timed = job_timer(
+    timed = JobTimer(
         lambda: sample_batches(
             root,
             features,

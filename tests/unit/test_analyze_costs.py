@@ -20,7 +20,6 @@ from recd.analyze import (
     analyze_table,
     choose_groups,
     hash_all_preprocessing,
-    job_timer,
     sample_batches,
 )
 from recd.cli import analyze as analyze_cli
@@ -201,7 +200,7 @@ def test_job_timer_times_the_readers_own_batches(tmp_path: Path) -> None:
     assert [b.num_rows for b in batches] == [512] * 8  # every full batch (8 < 12)
     few = sample_batches(root, SHORT.sparse_names, batch_size=2048, start=None, end=None, count=3)
     assert [b.num_rows for b in few] == [2048, 2048]
-    timer = job_timer(batches, SHORT.sparse_names, preprocessing=[], reps=2)
+    timer = JobTimer(batches, SHORT.sparse_names, preprocessing=[], reps=2)
     plain, grouped = timer([]), timer([CONTEXT])
     assert plain > 0 and grouped > 0
     assert timer([]) == plain  # cached: the same configuration is timed once
