@@ -36,6 +36,10 @@ Guarantees:
   history already has steps after k) append ``{"event": "branch", "at_step": k}``: entries after
   k that precede the event are kept in the file (audit trail) but superseded in the canonical
   history ``read_loss_history`` returns.
+- *Cost.* ``append`` runs after every training step, when the step has just evicted the
+  interpreter's working set from the caches: there the ``json.dumps`` of a two-key record cost
+  ~50 us, 0.5% of a 10 ms step, so the common record (no extra keys, a finite loss) is
+  formatted directly, to the same bytes. The one ``write`` per step stays (~30 us there).
 - *Durability.* ``append`` writes through to the OS (one ``write`` per line, survives SIGKILL);
   ``sync`` fsyncs (survives power loss). The trainer must call ``sync()`` before it commits each
   checkpoint; then after a power cut the durable history reaches at least the newest checkpoint,
@@ -307,7 +311,10 @@ class LossLog:
                     step,
                     self.last_step,
                 )
-            self._write_record({"step": int(step), "loss": _encode_loss(value), **extra})
+            if extra or not math.isfinite(value):
+                self._write_record({"step": int(step), "loss": _encode_loss(value), **extra})
+            else:  # the common record, formatted as json.dumps would (float repr)
+                self._write_line(f'{{"step":{int(step)},"loss":{value!r}}}\n'.encode())
             self._losses[step] = value
             self.last_step = step if self.last_step is None else max(self.last_step, step)
             return True
@@ -332,7 +339,11 @@ class LossLog:
             self._write_record({"event": event, "at_step": int(at_step), **info})
 
     def _write_record(self, record: Mapping[str, Any]) -> None:
-        line = (json.dumps(record, allow_nan=False, separators=(",", ":")) + "\n").encode()
+        self._write_line(
+            (json.dumps(record, allow_nan=False, separators=(",", ":")) + "\n").encode()
+        )
+
+    def _write_line(self, line: bytes) -> None:
         view = memoryview(line)
         while view:
             view = view[os.write(self._fd, view) :]

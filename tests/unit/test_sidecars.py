@@ -72,6 +72,22 @@ def test_loss_log_is_strict_json_lines_one_entry_per_step(tmp_path: Path) -> Non
     assert history.loss_at(7) == math.inf and history.records[0]["lr"] == 0.001
 
 
+def test_the_common_record_is_the_bytes_json_dumps_would_write(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    losses = [0.0, -0.0, 5e-324, 1e300, -2.5, 0.1, 1e16, 123456789.0]
+    losses += [float(np.float32(x)) for x in rng.lognormal(0.0, 3.0, 200)]
+    with LossLog(tmp_path) as log:
+        for step, loss in enumerate(losses, start=1):
+            log.append(step, loss)
+    expected = "".join(
+        json.dumps({"step": step, "loss": loss}, separators=(",", ":")) + "\n"
+        for step, loss in enumerate(losses, start=1)
+    )
+    assert (tmp_path / LOSS_FILE).read_text() == expected
+    history = read_loss_history(tmp_path)
+    assert [x.hex() for x in history.losses.tolist()] == [x.hex() for x in losses]
+
+
 def test_reader_ignores_a_torn_last_line_and_writer_truncates_only_it(tmp_path: Path) -> None:
     _log_steps(tmp_path, range(1, 4))
     path = tmp_path / LOSS_FILE
