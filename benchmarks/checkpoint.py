@@ -10,14 +10,18 @@ Model: the plain DLRM (``kind = "dlrm"``) of that catalogue with embedding width
 batch 256, one intra-op thread (``--threads``).
 
 1. **Stall, in one run.** Three trainers of the same config and seed (same weights, same
-   batches) live in one process and take turns: *off* (no checkpoints), *checkpoint* (the
-   real :class:`recd.train.checkpointing.Checkpointer` at cadence 100: sample audit + reader
-   state on the training thread; the snapshot copy on the writer thread, copy-on-write by
-   rows for the embedding tables; then sidecars, ``O_DIRECT`` temp file, fsync, rename,
-   retention in the background) and *raw* (a raw ``O_DIRECT`` write + fsync of the same
-   bytes on a background thread at the same steps: what any writer of these bytes costs
-   here). Segment i (i >= 1) is steps ``100 i`` to ``100 i + 99``: the checkpoint is taken
-   right after its first step. It runs in 4 rounds of 25 steps (``--rounds``); in each round
+   batches) live in one process and take turns. In each segment one plays *off* (no
+   checkpoint), one *checkpoint* (the real :class:`recd.train.checkpointing.Checkpointer`'s
+   periodic save: sample audit + reader state on the training thread; the snapshot copy on
+   the writer thread, copy-on-write by rows for the embedding tables; then sidecars,
+   ``O_DIRECT`` temp file, fsync, rename, retention in the background) and one *raw* (a raw
+   ``O_DIRECT`` write + fsync of the same bytes on a background thread at the same step: what
+   any writer of these bytes costs here). Which trainer plays which role is drawn per
+   segment (``segment_roles``): three objects of one config differ by up to ~1% in speed,
+   persistently, and a fixed role per object made that a bias of the stall. Every trainer
+   appends the loss history at every step, as ``recd train`` does; its cost is reported
+   apart (``off_hook_fraction``). Segment i (i >= 1) is steps ``100 i`` to ``100 i + 99``:
+   the checkpoint is taken right after its first step. It runs in 4 rounds of 25 steps (``--rounds``); in each round
    the three trainers run their 25 steps back to back in an order drawn at random for that
    round (``--orders-seed``; the orders are in the JSON), so no trainer keeps a favourable
    slot and the machine's drift over a second or two falls on all three alike. A trainer
@@ -190,23 +194,21 @@ Checkpointer); a raw background write of the same number of bytes every ``every`
 
 
 class RawWriter:
-    """Step hook: every ``every`` steps a raw sequential ``O_DIRECT`` write + fsync of
-    ``size_bytes`` on a background thread (niced like the checkpoint writer): what any writer
-    of these bytes costs on this disk and these cores."""
+    """A raw sequential ``O_DIRECT`` write + fsync of ``size_bytes`` on a background thread
+    (niced like the checkpoint writer), on request: what any writer of these bytes costs on
+    this disk and these cores."""
 
-    def __init__(self, directory: Path, size_bytes: int, every: int) -> None:
+    def __init__(self, directory: Path, image: Any, size_bytes: int) -> None:
         self.directory = directory
         self.size_bytes = size_bytes
-        self.every = every
-        self.image = random_image(size_bytes)
+        self.image = image
         self.seconds: list[float] = []
         self._thread: threading.Thread | None = None
 
-    def after_step(self, trainer: Any, step: int, loss: float) -> None:
-        if step % self.every == 0:
-            self.wait()
-            self._thread = threading.Thread(target=self._run, name="raw-writer")
-            self._thread.start()
+    def start(self) -> None:
+        self.wait()
+        self._thread = threading.Thread(target=self._run, name="raw-writer")
+        self._thread.start()
 
     def _run(self) -> None:
         from recd.train.checkpointing import _lower_thread_priority
@@ -220,14 +222,38 @@ class RawWriter:
             self._thread = None
 
 
+class RoleHook:
+    """Trainer ``index``'s step hook after its Checkpointer: at the first step of segment i
+    (step ``i * every``) it starts what the trainer's role in segment i asks for, a real
+    checkpoint (``Checkpointer.save``, as at a periodic step) or a raw write; nothing for
+    *off*."""
+
+    def __init__(
+        self, roles: list[list[str]], index: int, every: int, checkpointer: Any, raw: RawWriter
+    ) -> None:
+        self.roles, self.index, self.every = roles, index, every
+        self.checkpointer, self.raw = checkpointer, raw
+
+    def after_step(self, trainer: Any, step: int, loss: float) -> None:
+        if step % self.every:
+            return
+        role = self.roles[step // self.every][self.index]
+        if role == "checkpoint":
+            self.checkpointer.save(trainer, reason="periodic")
+        elif role == "raw":
+            self.raw.start()
+
+
 class Stepper:
     """Drives one trainer a round at a time: the training loop's body (next batch,
     ``train_step``, the step hooks), with one reader iterator kept across rounds
-    (``Trainer.train`` would rebuild it and write the run's outputs at every call)."""
+    (``Trainer.train`` would rebuild it and write the run's outputs at every call).
+    ``hook_s``: the time spent in the step hooks so far."""
 
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
         self.batches = iter(trainer.loader)
+        self.hook_s = 0.0
 
     def run_to(self, end_step: int) -> None:
         trainer = self.trainer
@@ -235,8 +261,10 @@ class Stepper:
             batch = next(self.batches).to(trainer.device)
             loss, _ = trainer.train_step(batch)
             trainer.step += 1
+            began = time.perf_counter()
             for hook in trainer.hooks:
                 hook.after_step(trainer, trainer.step, loss)
+            self.hook_s += time.perf_counter() - began
 
 
 def segment_orders(segments: int, rounds: int, seed: int) -> list[list[list[str]]]:
@@ -246,6 +274,17 @@ def segment_orders(segments: int, rounds: int, seed: int) -> list[list[list[str]
     within a round) falls on each trainer alike, and on average cancels."""
     rng = random.Random(seed)
     return [[rng.sample(KINDS, len(KINDS)) for _ in range(rounds)] for _ in range(segments)]
+
+
+def segment_roles(segments: int, seed: int) -> list[list[str]]:
+    """The role of trainers 0, 1 and 2 in each of ``segments`` segments: a permutation of
+    :data:`KINDS` drawn independently and uniformly per segment (``random.Random`` seeded
+    with ``"roles:<seed>"``). Three trainer objects of the same config still differ a little
+    in speed (where their tensors landed in memory: up to ~1% per step, persistent within a
+    run); a fixed role per object would add that to the stall as a bias no number of
+    segments averages away. Drawn per segment, it falls on every role alike."""
+    rng = random.Random(f"roles:{seed}")
+    return [rng.sample(KINDS, len(KINDS)) for _ in range(segments)]
 
 
 def round_ends(segment: int, every: int, rounds: int) -> list[int]:
@@ -259,70 +298,79 @@ def round_ends(segment: int, every: int, rounds: int) -> list[int]:
 
 @dataclass
 class StallRig:
-    """The three trainers of the stall measurement and the hooks that checkpoint or write."""
+    """The three trainers of the stall measurement (index 0, 1, 2), each with its own
+    Checkpointer (loss history every step, checkpoints when its role asks) and raw writer;
+    ``roles[segment][index]`` is trainer ``index``'s role in that segment."""
 
-    trainers: dict[str, Any]
-    checkpointer: Any
-    raw: RawWriter
-    steppers: dict[str, Stepper] = field(default_factory=dict)
+    trainers: list[Any]
+    checkpointers: list[Any]
+    raws: list[RawWriter]
+    roles: list[list[str]]
+    steppers: list[Stepper] = field(default_factory=list)
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        return self.raws[0].size_bytes
 
     def close(self) -> None:
-        self.checkpointer.close(raise_errors=False)
-        for trainer in self.trainers.values():
+        for checkpointer in self.checkpointers:
+            checkpointer.close(raise_errors=False)
+        for trainer in self.trainers:
             trainer.close()
 
 
-def build_rig(config_path: Path, every: int) -> StallRig:
+def build_rig(config_path: Path, every: int, roles: list[list[str]]) -> StallRig:
     """Three trainers of the same config and seed (same weights, same batches), each with its
-    own run directory: *off*, *checkpoint* (a real Checkpointer at cadence ``every``) and
-    *raw* (a raw write of the checkpoint's bytes at the same steps)."""
+    own run directory (``<run_dir>-t0`` ...) and a real Checkpointer, whose own cadence is
+    switched off: the :class:`RoleHook` checkpoints, writes raw or does nothing at the first
+    step of each segment, as ``roles`` says. Every trainer keeps the loss history at every
+    step, *off* included (``recd train`` always does)."""
     import shutil
+
+    import numpy as np
 
     from recd.train.checkpointing import Checkpointer
     from recd.train.config import load_train_config
     from recd.train.loop import Trainer
 
-    trainers: dict[str, Any] = {}
-    checkpointer = None
-    raw = None
-    for kind in KINDS:
+    rig = StallRig(trainers=[], checkpointers=[], raws=[], roles=roles)
+    image = None
+    for index in range(len(KINDS)):
         config = load_train_config(config_path)
-        config.train.run_dir = config.train.run_dir.parent / f"{config.train.run_dir.name}-{kind}"
+        config.train.run_dir = config.train.run_dir.parent / f"{config.train.run_dir.name}-t{index}"
         shutil.rmtree(config.train.run_dir, ignore_errors=True)
-        config.checkpoint.checkpoint_every = every
+        config.checkpoint.checkpoint_every = np.iinfo(np.int64).max  # the RoleHook decides
         trainer = Trainer(config, show_progress=False)
-        if kind == "checkpoint":
-            checkpointer = Checkpointer(config)
-            checkpointer.attach(trainer)
-            trainer.hooks.append(checkpointer)
-        elif kind == "raw":
-            config.train.run_dir.mkdir(parents=True)
-            raw = RawWriter(config.train.run_dir, 0, every)  # sized below
-            trainer.hooks.append(raw)
-        trainers[kind] = trainer
-    assert checkpointer is not None and raw is not None
-    raw.size_bytes = 8 + 12 * checkpointer.layout.n_params
-    raw.image = random_image(raw.size_bytes)
-    steppers = {kind: Stepper(trainer) for kind, trainer in trainers.items()}
-    return StallRig(trainers=trainers, checkpointer=checkpointer, raw=raw, steppers=steppers)
+        checkpointer = Checkpointer(config)
+        checkpointer.attach(trainer)
+        size_bytes = 8 + 12 * checkpointer.layout.n_params
+        image = random_image(size_bytes) if image is None else image
+        raw = RawWriter(config.train.run_dir, image, size_bytes)
+        trainer.hooks += [checkpointer, RoleHook(roles, index, every, checkpointer, raw)]
+        rig.trainers.append(trainer)
+        rig.checkpointers.append(checkpointer)
+        rig.raws.append(raw)
+        rig.steppers.append(Stepper(trainer))
+    return rig
 
 
-def run_round(rig: StallRig, kind: str, end_step: int) -> dict[str, float]:
-    """Train ``kind``'s trainer up to ``end_step`` and wait for its background write (a write
+def run_round(rig: StallRig, index: int, end_step: int) -> dict[str, float]:
+    """Train trainer ``index`` up to ``end_step`` and wait for its background write (a write
     still running at the round's end belongs to this round, and is counted: no trainer's
     write ever runs during another trainer's round)."""
+    stepper, checkpointer = rig.steppers[index], rig.checkpointers[index]
     began = time.perf_counter()
     cpu_began = time.thread_time()
-    blocked_began = rig.checkpointer.stats.blocked_s
-    rig.steppers[kind].run_to(end_step)
-    if kind == "checkpoint":
-        rig.checkpointer.wait()
-    elif kind == "raw":
-        rig.raw.wait()
+    blocked_began = checkpointer.stats.blocked_s
+    hook_began = stepper.hook_s
+    stepper.run_to(end_step)
+    checkpointer.wait()
+    rig.raws[index].wait()
     return {
         "wall_s": time.perf_counter() - began,
         "train_thread_cpu_s": time.thread_time() - cpu_began,
-        "blocked_s": rig.checkpointer.stats.blocked_s - blocked_began,
+        "blocked_s": checkpointer.stats.blocked_s - blocked_began,
+        "hook_s": stepper.hook_s - hook_began,
     }
 
 
@@ -334,12 +382,14 @@ def run_segments(rig: StallRig, size: Size, orders: list[list[list[str]]]) -> li
     t0 = time.perf_counter()
     for i, segment_order in enumerate(orders):
         ends = round_ends(i, size.every, size.rounds)
-        totals = {k: {"wall_s": 0.0, "train_thread_cpu_s": 0.0, "blocked_s": 0.0} for k in KINDS}
+        keys = ("wall_s", "train_thread_cpu_s", "blocked_s", "hook_s")
+        totals = {k: dict.fromkeys(keys, 0.0) for k in KINDS}
         rounds: dict[str, list[float]] = {k: [] for k in KINDS}
+        roles = rig.roles[i]
         began_s = time.perf_counter() - t0
         for end, order in zip(ends, segment_order, strict=True):
             for kind in order:
-                timing = run_round(rig, kind, end)
+                timing = run_round(rig, roles.index(kind), end)
                 rounds[kind].append(timing["wall_s"])
                 for key, value in timing.items():
                     totals[kind][key] += value
@@ -348,6 +398,7 @@ def run_segments(rig: StallRig, size: Size, orders: list[list[list[str]]]) -> li
                 {
                     "segment": i,
                     "kind": kind,
+                    "trainer": roles.index(kind),
                     "warmup": i == 0,
                     "steps": [max(1, i * size.every), ends[-1]],
                     "began_s": began_s,
@@ -361,44 +412,50 @@ def run_segments(rig: StallRig, size: Size, orders: list[list[list[str]]]) -> li
 
 def measure_stall(config_path: Path, size: Size, orders_seed: int) -> dict[str, Any]:
     """Three identical trainers (same seed: same weights, same batches) take turns, one
-    round of ``every / rounds`` steps at a time, in an order drawn at random per round; each
-    segment of ``every`` steps holds one checkpoint (or raw write) of the trainers that make
-    them, right after its first step, and a trainer waits for its own write at the end of
-    each of its rounds. Segment i of every trainer trains on the same batches, interleaved
-    with the others' a round at a time: a paired comparison."""
+    round of ``every / rounds`` steps at a time, in an order drawn at random per round; in
+    each segment of ``every`` steps one trainer checkpoints and one writes raw bytes, right
+    after the segment's first step (which trainer plays which role is drawn per segment), and
+    a trainer waits for its own write at the end of each of its rounds. Segment i of every
+    trainer trains on the same batches, interleaved with the others' a round at a time: a
+    paired comparison."""
     orders = segment_orders(size.blocks + 1, size.rounds, orders_seed)
-    rig = build_rig(config_path, size.every)
+    roles = segment_roles(size.blocks + 1, orders_seed)
+    rig = build_rig(config_path, size.every, roles)
     gc.collect()
     gc.freeze()  # the collector skips the set-up's objects (a full pass over them: ~0.2 s)
     load_before = os.getloadavg()
     try:
         records = run_segments(rig, size, orders)
-        rig.checkpointer.close()
+        for checkpointer in rig.checkpointers:
+            checkpointer.close()
     finally:
         rig.close()
-    stats = rig.checkpointer.stats
+    stats = [c.stats for c in rig.checkpointers]
     timed = [r for r in records if not r["warmup"]]
+    last = roles[-1].index("checkpoint")  # the trainer that wrote the newest checkpoint
     return {
-        "n_params": rig.checkpointer.layout.n_params,
-        "checkpoint_bytes": rig.raw.size_bytes,
+        "n_params": rig.checkpointers[0].layout.n_params,
+        "checkpoint_bytes": rig.checkpoint_bytes,
         "every_steps": size.every,
-        "rows_in_table": rig.trainers["off"].loader.plan.num_rows,
+        "rows_in_table": rig.trainers[0].loader.plan.num_rows,
         "orders_seed": orders_seed,
         "orders": orders,
+        "roles": roles,
         "load_avg_before": load_before,
         "load_avg_after": os.getloadavg(),
         "segments": timed,
         "warmup_segments": [r for r in records if r["warmup"]],
         **summarise_stall(timed, size.every),
-        "wait_s_total": stats.wait_s,
-        "guard_wait_s_total": stats.guard_wait_s,
-        "checkpoints": stats.checkpoints,
-        "write_s": stats.write_s,
-        "file_write_s": stats.file_write_s,
-        "write_cpu_s": stats.write_cpu_s,
-        "raw_in_training_write_s": rig.raw.seconds,
-        "bytes_written": stats.bytes_written,
-        "run_dir": str(rig.checkpointer.run_dir),
+        "wait_s_total": sum(st.wait_s for st in stats),
+        "guard_wait_s_total": sum(st.guard_wait_s for st in stats),
+        "checkpoints": sum(st.checkpoints for st in stats),
+        "checkpoints_per_trainer": [st.checkpoints for st in stats],
+        "write_s": [x for st in stats for x in st.write_s],
+        "file_write_s": [x for st in stats for x in st.file_write_s],
+        "write_cpu_s": [x for st in stats for x in st.write_cpu_s],
+        "raw_in_training_write_s": [x for raw in rig.raws for x in raw.seconds],
+        "bytes_written": sum(st.bytes_written for st in stats),
+        "run_dir": str(rig.checkpointers[last].run_dir),
     }
 
 
@@ -435,6 +492,7 @@ def summarise_stall(segments: list[dict[str, Any]], every: int) -> dict[str, Any
         "train_thread_cpu_excess": sum(cpu["checkpoint"]) / sum(cpu["off"]) - 1.0,
         "blocked_fraction": sum(blocked) / off_total,
         "blocked_s_median": statistics.median(blocked),
+        "off_hook_fraction": sum(r["hook_s"] for r in segments if r["kind"] == "off") / off_total,
     }
 
 
@@ -733,6 +791,11 @@ def protocol(
         "one reader iterator per trainer; a trainer waits for its own background write at "
         "the end of each of its rounds (counted in its time)",
         "trainers": list(KINDS),
+        "roles": "three trainer objects of the same config and seed; each segment's roles "
+        "(off, checkpoint, raw) assigned to them by a permutation drawn uniformly per segment "
+        "(random.Random('roles:<orders_seed>')), so no object keeps a role; every trainer "
+        "appends its loss history (.loss.json) at every step, off included, as recd train "
+        "does (its per-step cost: off_hook_fraction)",
         "batch_size": BATCH_SIZE,
         "rows_read_per_trainer": steps_per_trainer * BATCH_SIZE,
         "rows_in_table": stall["rows_in_table"],
@@ -808,8 +871,8 @@ def markdown(r: dict[str, Any]) -> str:
         f"| protocol | {p['segments']} segments of {p['steps_per_segment']} steps x 3 trainers "
         f"(no checkpoint / checkpoint / raw write), one checkpoint per segment (cadence "
         f"{p['checkpoint_every_steps']}), each segment in {p['rounds_per_segment']} rounds of "
-        f"{p['steps_per_round']} steps, the trainers' order random per round (seed "
-        f"{p['orders_seed']}); batch {p['batch_size']}, {p['threads']} thread(s); no segment "
+        f"{p['steps_per_round']} steps, the trainers' order random per round and their roles "
+        f"random per segment (seed {p['orders_seed']}); batch {p['batch_size']}, {p['threads']} thread(s); no segment "
         "dropped |",
         f"| **stall_fraction_upper95** (target <= {TARGET_STALL}, met by the upper end) | "
         f"**{upper:+.4f}** ({verdict}) |",
@@ -828,6 +891,8 @@ def markdown(r: dict[str, Any]) -> str:
         f"| lower bound: training-thread time per checkpoint (audit, state, snapshot waits) | "
         f"{s['blocked_s_median'] * 1e3:.1f} ms; blocked_fraction (all of it / training time) "
         f"{r['blocked_fraction']:.4f} |",
+        f"| per-step hooks without checkpoints (loss history, signal poll) / training time | "
+        f"{s['off_hook_fraction']:.4f} (in every trainer, off included) |",
         f"| training-thread CPU time, with checkpoints vs without | "
         f"{s['train_thread_cpu_excess']:+.4f} |",
         f"| background write per checkpoint (sidecars + file + retention) | "

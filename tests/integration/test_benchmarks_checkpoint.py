@@ -16,6 +16,7 @@ from benchmarks.checkpoint import (
     paired_ratio_interval,
     round_ends,
     segment_orders,
+    segment_roles,
     t_central_mass,
     t_quantile,
 )
@@ -68,6 +69,15 @@ def test_segment_orders_are_seeded_permutations() -> None:
         assert {order[slot] for order in orders} == set(KINDS)
 
 
+def test_segment_roles_are_seeded_permutations_that_no_trainer_keeps() -> None:
+    roles = segment_roles(60, seed=7)
+    assert roles == segment_roles(60, seed=7) != segment_roles(60, seed=8)
+    assert roles != [order[0] for order in segment_orders(60, 1, seed=7)]  # a stream of its own
+    assert all(sorted(segment) == sorted(KINDS) for segment in roles)
+    for trainer in range(3):  # every trainer object plays every role
+        assert {segment[trainer] for segment in roles} == set(KINDS)
+
+
 def test_rounds_cover_each_segment_with_the_checkpoint_first() -> None:
     assert round_ends(0, 100, 4) == [24, 49, 74, 99]  # warm-up: steps 1 to 99
     assert round_ends(3, 100, 4) == [324, 349, 374, 399]  # checkpoint after step 300
@@ -83,6 +93,17 @@ def test_quick_benchmark_writes_consistent_results(tmp_path: Path) -> None:
     stall, protocol = result["stall"], result["protocol"]
     orders = segment_orders(4, 2, seed=3)
     assert stall["orders"] == orders  # segment 0 is the warm-up
+    roles = segment_roles(4, seed=3)
+    assert stall["roles"] == roles
+    for s in stall["warmup_segments"] + stall["segments"]:
+        assert s["trainer"] == roles[s["segment"]].index(s["kind"])
+        assert 0 < s["hook_s"] < s["wall_s"]
+    assert sorted(stall["checkpoints_per_trainer"]) == sorted(
+        [sum(segment[t] == "checkpoint" for segment in roles[1:]) for t in range(3)]
+    )
+    # the resume reads the newest checkpoint: the one of the last segment's checkpointer
+    assert stall["run_dir"].endswith(f"-t{roles[-1].index('checkpoint')}")
+    assert result["resume"]["from_step"] == 60
     assert [s["kind"] for s in stall["warmup_segments"]] == list(KINDS)
     assert [s["kind"] for s in stall["segments"]] == list(KINDS) * 3
     assert [s["steps"] for s in stall["segments"]][::3] == [[20, 39], [40, 59], [60, 79]]
@@ -102,6 +123,7 @@ def test_quick_benchmark_writes_consistent_results(tmp_path: Path) -> None:
     raw_lo, raw_hi = result["raw_write_stall_fraction_ci95"]
     assert raw_lo < result["raw_write_stall_fraction"] < raw_hi
     assert result["blocked_fraction"] > 0
+    assert 0 < stall["off_hook_fraction"] < 1
     for key, value in [
         ("segments", 3),
         ("steps_per_segment", 20),
