@@ -480,6 +480,8 @@ def summarise_stall(segments: list[dict[str, Any]], every: int) -> dict[str, Any
         "stall_fraction_per_segment": per_segment,
         "stall_fraction_median": statistics.median(per_segment),
         "stall_fraction_by_order": stall_by_order(segments),
+        "stall_fraction_by_round": stall_by_round(segments, "checkpoint"),
+        "raw_write_stall_fraction_by_round": stall_by_round(segments, "raw"),
         "raw_write_stall_fraction": raw["point"],
         "raw_write_stall_fraction_ci95": raw["ci95"],
         "raw_write_interval": raw,
@@ -494,6 +496,27 @@ def summarise_stall(segments: list[dict[str, Any]], every: int) -> dict[str, Any
         "blocked_s_median": statistics.median(blocked),
         "off_hook_fraction": sum(r["hook_s"] for r in segments if r["kind"] == "off") / off_total,
     }
+
+
+def stall_by_round(segments: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    """``kind``'s extra time over *off* split into the segment's first round, which holds the
+    checkpoint (or raw write; it is waited for at that round's end), and the other rounds
+    (where any lasting effect of the write would show), each over the off segments' whole
+    time, with the same paired interval as the headline (which is their sum)."""
+    by_segment: dict[int, dict[str, dict[str, Any]]] = {}
+    for r in segments:
+        by_segment.setdefault(r["segment"], {})[r["kind"]] = r
+    runs = [by_segment[i] for i in sorted(by_segment)]
+    off = [sum(r["off"]["round_wall_s"]) for r in runs]
+    out = {}
+    for name, rounds in (("first_round", slice(0, 1)), ("other_rounds", slice(1, None))):
+        diffs = [
+            sum(r[kind]["round_wall_s"][rounds]) - sum(r["off"]["round_wall_s"][rounds])
+            for r in runs
+        ]
+        interval = paired_ratio_interval(off, [a + d for a, d in zip(off, diffs, strict=True)])
+        out[name] = {"point": interval["point"], "ci95": interval["ci95"]}
+    return out
 
 
 def stall_by_order(segments: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -879,6 +902,11 @@ def markdown(r: dict[str, Any]) -> str:
         f"| stall_fraction: point estimate, 95% interval (paired t over segments) | "
         f"{r['stall_fraction']:+.4f} {fmt_interval(r['stall_fraction_ci95'])}; bootstrap "
         f"{fmt_interval(s['stall_fraction_bootstrap_ci95'])} |",
+        f"| same, split: the round that holds the checkpoint / the other 3 rounds | "
+        f"{s['stall_fraction_by_round']['first_round']['point']:+.4f} "
+        f"{fmt_interval(s['stall_fraction_by_round']['first_round']['ci95'])} / "
+        f"{s['stall_fraction_by_round']['other_rounds']['point']:+.4f} "
+        f"{fmt_interval(s['stall_fraction_by_round']['other_rounds']['ci95'])} |",
         f"| stall per segment | median {s['stall_fraction_median']:+.4f}, range "
         f"{min(per_segment):+.3f} .. {max(per_segment):+.3f} |",
         f"| same, for a raw background write of the same bytes (reference) | "

@@ -124,6 +124,11 @@ def test_quick_benchmark_writes_consistent_results(tmp_path: Path) -> None:
     assert raw_lo < result["raw_write_stall_fraction"] < raw_hi
     assert result["blocked_fraction"] > 0
     assert 0 < stall["off_hook_fraction"] < 1
+    for key in ("stall_fraction_by_round", "raw_write_stall_fraction_by_round"):
+        split = stall[key]  # the two parts add up to the headline
+        total = split["first_round"]["point"] + split["other_rounds"]["point"]
+        headline = "stall_fraction" if key.startswith("stall") else "raw_write_stall_fraction"
+        assert total == pytest.approx(result[headline])
     for key, value in [
         ("segments", 3),
         ("steps_per_segment", 20),

@@ -218,3 +218,16 @@ def test_quick_benchmark_writes_ratio_spread_protocol_and_simulation(tmp_path: P
     assert not markdown.startswith("#")
     assert markdown.startswith("recovery_time_ratio (survivor / restart-and-reload")
     assert "| survivor |" in markdown and "| cadence h |" in markdown
+
+
+def test_train_recovery_ratio_interval_is_a_seeded_bootstrap_of_the_medians() -> None:
+    from benchmarks.train_recovery import median_ratio_ci95
+
+    survivor = [0.5, 0.9, 1.0, 1.1, 1.3, 1.8, 2.1, 2.2, 2.5, 3.3]
+    elastic = [4.4, 4.6, 5.3, 8.2, 8.3, 8.3, 8.9, 9.4, 9.7, 10.8]
+    lo, hi = median_ratio_ci95(survivor, elastic)
+    assert median_ratio_ci95(survivor, elastic) == [lo, hi]  # seeded
+    point = float(np.median(survivor) / np.median(elastic))
+    assert min(survivor) / max(elastic) < lo < point < hi < max(survivor) / min(elastic)
+    assert median_ratio_ci95([2.0] * 5, [4.0] * 5) == [0.5, 0.5]  # no spread, no width
+    assert median_ratio_ci95([1.0], elastic) is None  # one run is no interval
