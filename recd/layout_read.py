@@ -423,15 +423,22 @@ def gather(
         lengths = n.reshape(-1).astype(np.int64)
         return lengths, np.take(buffer, range_index(s.reshape(-1), lengths), out=out)
     lengths = np.concatenate([n for _, _, n in picks], axis=1).reshape(-1).astype(np.int64)
-    out_starts = (np.cumsum(lengths) - lengths).reshape(len(keys), -1)
     values = np.empty(int(lengths.sum()), dtype=np.int64) if out is None else out
-    column = 0
+    # Key k's ids are key k's rows of chunk 0, then of chunk 1, ...: each (key, chunk) part
+    # is one contiguous slice of the output, and of the chunk's own key-major index.
+    per_key = lengths.reshape(len(keys), -1)
+    key_starts = np.zeros(len(keys) + 1, dtype=np.int64)
+    np.cumsum(per_key.sum(axis=1), out=key_starts[1:])
+    dest = key_starts[:-1].copy()
     for buffer, s, n in picks:
-        m = s.shape[1]
-        part_lengths = n.reshape(-1).astype(np.int64)
-        dest = out_starts[:, column : column + m].reshape(-1)
-        values[range_index(dest, part_lengths)] = buffer[range_index(s.reshape(-1), part_lengths)]
-        column += m
+        part = n.astype(np.int64)  # (K, m)
+        index = range_index(s.reshape(-1), part.reshape(-1))
+        sizes = part.sum(axis=1)
+        lo = 0
+        for k, size in enumerate(sizes.tolist()):
+            np.take(buffer, index[lo : lo + size], out=values[dest[k] : dest[k] + size])
+            dest[k] += size
+            lo += size
     return lengths, values
 
 

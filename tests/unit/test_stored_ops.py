@@ -148,3 +148,38 @@ def test_stacked_columns_of_the_wrong_width_are_refused() -> None:
     bad = unit.set_column(unit.num_columns - 1, "__recd_lengths", narrow)
     with pytest.raises(SchemaError, match="stacked columns"):
         read_stacked(bad)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_gather_over_several_chunks_equals_slicing_row_by_row(seed: int) -> None:
+    from recd.layout_read import Stacked, StackedChunk
+
+    rng = np.random.default_rng(seed)
+    k = 4
+    chunks = []
+    for _ in range(int(rng.integers(1, 4))):
+        n = int(rng.integers(1, 9))
+        buffer = rng.integers(-50, 50, size=40).astype(np.int64)
+        lengths = (rng.integers(0, 5, size=(n, k)) * (rng.random((n, k)) < 0.8)).astype(np.int32)
+        starts = rng.integers(0, 36, size=(n, k)).astype(np.int32)
+        chunks.append(StackedChunk(buffer=buffer, starts=starts, lengths=lengths))
+    stacked = Stacked(features=[f"f{i}" for i in range(k)], chunks=chunks)
+    total = sum(c.num_rows for c in chunks)
+    for keys in ([0, 1, 2, 3], [2], [3, 1], [1, 2]):
+        for rows in (None, np.flatnonzero(rng.random(total) < 0.5)):
+            picked = range(total) if rows is None else rows.tolist()
+            expect_lengths, expect_ids = [], []
+            for key in keys:  # key-major, like a KJT
+                for row in picked:
+                    for chunk in chunks:
+                        if row < chunk.num_rows:
+                            s, n = int(chunk.starts[row, key]), int(chunk.lengths[row, key])
+                            expect_lengths.append(n)
+                            expect_ids += chunk.buffer[s : s + n].tolist()
+                            break
+                        row -= chunk.num_rows
+            lengths, ids = gather(stacked, keys, rows)
+            assert lengths.tolist() == expect_lengths and ids.tolist() == expect_ids
+            out = np.full(len(expect_ids), -999, dtype=np.int64)
+            _, into = gather(stacked, keys, rows, out=out)
+            assert into is out and out.tolist() == expect_ids
