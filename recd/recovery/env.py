@@ -13,6 +13,7 @@ __all__ = [
     "PEER_COPY_ENV",
     "ROLE_ENV",
     "SPARE_ENV",
+    "SPARE_IDLE_ENV",
     "UNDO_ENV",
 ]
 
@@ -30,6 +31,9 @@ GENERATION_ENV = "RECD_RECOVERY_GENERATION"
 """The process group generation a worker joins first (0, then +1 per survivor recovery)."""
 SPARE_ENV = "RECD_SPARE_ID"
 """A warm spare's id (its assignment's key in the store)."""
+SPARE_IDLE_ENV = "RECD_SPARE_IDLE"
+"""``1``: the spare imports at idle CPU priority (every spare after the first: it must not
+slow the training it will only be needed for at the next failure)."""
 KILL_ENV = "RECD_TEST_KILL"
 """Fault injection for tests and the benchmark: ``GEN:RANK:STEP:PHASE[,...]``: the worker
 started in generation GEN as rank RANK SIGKILLs itself in step STEP at PHASE (``forward``,

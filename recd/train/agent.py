@@ -13,9 +13,10 @@ the two launchers apart, and it watches them:
   way: publish the failure notice (``recd/attempt_A/gen_G/failure`` in the store) and start a
   replacement for its rank in generation G+1: the **warm spare** (a process started with the
   job that imports torch, torchrec, recd and pyiceberg during the workers' start-up and waits
-  for an assignment, :mod:`recd.train.spare`; a new spare is started at once) or, without one, a
-  fresh interpreter. The survivors agree, undo
-  and hand over the state; the recovery is over when every rank of G+1 completed a step;
+  for an assignment, :mod:`recd.train.spare`) or, without a warm one, a fresh interpreter.
+  The survivors agree, undo and hand over the state; the recovery is over when every rank of
+  G+1 completed a step. Only then is the next spare started, importing at idle CPU priority,
+  so that it takes no CPU time from the recovery or from training;
 - a worker that **exits with another code**, or any death **during a recovery**: the
   elastic restart, as torchrun does it: every worker is stopped and a new group (attempt A+1)
   resumes from the newest valid checkpoint, up to ``--max-restarts`` times; exit code 2 (bad
@@ -52,6 +53,7 @@ from recd.recovery.env import (
     PEER_COPY_ENV,
     ROLE_ENV,
     SPARE_ENV,
+    SPARE_IDLE_ENV,
     UNDO_ENV,
 )
 from recd.recovery.rejoin import EXIT_FALLBACK, append_event
@@ -123,6 +125,8 @@ class _Agent:
         self.workers: dict[int, subprocess.Popen[bytes]] = {}
         self.done: set[int] = set()
         self.spare: tuple[int, subprocess.Popen[bytes]] | None = None
+        self.spare_idle = False
+        """Whether the spare imports at idle priority (every spare but the job's first)."""
         self.events = Path(config.checkpoint_dir)
 
     # ------------------------------------------------------------------ processes
@@ -171,32 +175,49 @@ class _Agent:
             return True
         return self.store.add(self._key("first_step"), 0) >= self.config.nproc
 
-    def start_spare(self) -> None:
+    def start_spare(self, *, idle: bool = False) -> None:
         if not (self.config.spare and self.config.survivor):
             return
         self.job.spares += 1
         env = self._env(None, "spare")
         env[SPARE_ENV] = str(self.job.spares)
+        if idle:
+            env[SPARE_IDLE_ENV] = "1"
         self.spare = (self.job.spares, self._spawn(env))
+        self.spare_idle = idle
+        append_event(self.events, "spare", rank=-1, spare=self.job.spares, idle=idle)
+
+    def _take_spare(self) -> tuple[tuple[int, subprocess.Popen[bytes]] | None, str]:
+        """The spare (id, process) to use as a replacement (None: start a fresh process) and
+        how the replacement starts."""
+        spare, self.spare = self.spare, None
+        if spare is None or spare[1].poll() is not None:
+            return None, "new process"
+        key = f"recd/spare/{spare[0]}"
+        warm = self.store.check([f"{key}/warm"])
+        if self.spare_idle and not warm:  # still importing at idle priority: slower than new
+            spare[1].kill()
+            spare[1].wait()
+            lowered = self.store.check([f"{key}/lowered"])
+            return None, "new process (the idle spare " + (
+                "kept a thread at idle priority)" if lowered else "was still importing)"
+            )
+        return spare, "warm spare" if warm else "spare (still importing)"
 
     def replace(self, rank: int) -> None:
         """Start the replacement of ``rank`` in the current generation (the spare if warm)."""
-        spare, self.spare = self.spare, None
-        if spare is not None and spare[1].poll() is None:
+        spare, how = self._take_spare()
+        if spare is not None:
             assignment = {
                 "rank": rank,
                 "generation": self.job.generation,
                 "attempt": self.job.attempt,
             }
-            warm = self.store.check([f"recd/spare/{spare[0]}/warm"])
             self.store.set(f"recd/spare/{spare[0]}", json.dumps(assignment))
             self.workers[rank] = spare[1]
-            how = "warm spare" if warm else "spare (still importing)"
         else:
             self.workers[rank] = self._spawn(self._env(rank, "replacement"))
-            how = "new process"
         append_event(self.events, "spawn", rank=-1, replaced=rank, gen=self.job.generation, how=how)
-        self.start_spare()
 
     def stop_all(self, *, include_spare: bool = False) -> None:
         """SIGKILL every worker (and its reader processes); the spare too if asked."""
@@ -229,8 +250,8 @@ class _Agent:
         while True:
             time.sleep(_POLL_S)
             job = self.job
-            if self.spare is None and self._started():
-                self.start_spare()  # the spare was used (or died): the next one
+            if self.spare is None and self._started() and job.recovering is None:
+                self.start_spare(idle=True)  # the spare was used (or died): the next one
             if job.recovering is not None:
                 key = self._key("first_step")
                 if self.store.add(key, 0) >= n:

@@ -8,8 +8,21 @@ building the reader plan, the model and DMP together take ~0.1 s), so a spare do
 ahead of time, in a thread, while the workers do their own start-up: it is warm when
 training starts and idle from then on, so it costs the job some start-up time once (measured
 by ``benchmarks/train_recovery.py``: the survivor route's failure-free runs with and without
-a spare), not step time. (Importing at idle priority instead was tried: on a machine whose
-cores the workers keep busy, the spare was still importing at every kill of the benchmark.)
+a spare), not step time. (Importing at idle priority instead was tried for it: on a machine
+whose cores the workers keep busy, the spare was still importing at every kill of the
+benchmark.)
+
+Every later spare, started once a recovery is over (:mod:`recd.train.agent`), imports at
+**idle** CPU priority (``RECD_SPARE_IDLE``): it is needed only at the next failure, and at
+normal priority its seconds of imports slowed the survivors right after the recovery (on
+the benchmark's 2-core machine the survivor route's recovery cost 1.55 s of the job's wall
+time while its phases took 0.45 s). Only the importing thread is lowered (Linux: priority
+and scheduling policy are per thread), and the process-wide thread pools an import starts
+(OpenBLAS's with numpy, jemalloc's with pyarrow) are started first on the main thread, so
+they keep normal priority; a spare that still finds a lowered thread once warm does not say
+it is warm, and the launcher replaces it with a fresh process. An idle spare that is not
+warm by the next failure is not used either (a half-imported process at idle priority would
+be slower than a fresh one).
 
 The main thread waits on the launcher's store for an assignment (and says in the store when
 the imports are done: ``recd/spare/ID/warm``, which the launcher's swap event records); when
@@ -32,7 +45,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from recd.recovery.env import GENERATION_ENV, ROLE_ENV, SPARE_ENV
+from recd.recovery.env import GENERATION_ENV, ROLE_ENV, SPARE_ENV, SPARE_IDLE_ENV
 
 __all__ = ["WARM_IMPORTS", "is_spare", "wait_as_spare"]
 
@@ -49,6 +62,10 @@ WARM_IMPORTS: tuple[str, ...] = (
     "pyiceberg.io.pyarrow",
 )
 """What a spare imports before it is assigned (the first one before it opens the store)."""
+POOL_IMPORTS: tuple[str, ...] = ("numpy", "pyarrow")
+"""Imported on an idle spare's main thread first: they start process-wide thread pools, which
+would otherwise take the importing thread's idle priority for good."""
+IDLE_NICE = 19
 
 
 def is_spare() -> bool:
@@ -56,7 +73,46 @@ def is_spare() -> bool:
     return os.environ.get(ROLE_ENV) == "spare"
 
 
-def _warm_up(modules: Sequence[str], first_done: threading.Event) -> None:
+def lower_to_idle() -> None:
+    """This thread (not the process) to niceness 19 and, where there is one, ``SCHED_IDLE``;
+    best effort (an unprivileged thread can lower itself, never raise itself again)."""
+    tid = threading.get_native_id()
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, tid, IDLE_NICE)
+    with contextlib.suppress(AttributeError, OSError):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
+
+
+def lowered_threads(exclude: Sequence[int] = ()) -> list[int]:
+    """This process's threads (ids, but ``exclude``) at a lower CPU priority than the main
+    thread's: another niceness or ``SCHED_IDLE`` (Linux; elsewhere an empty list)."""
+    main = threading.main_thread().native_id or os.getpid()
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+        reference = os.getpriority(os.PRIO_PROCESS, main)
+    except (AttributeError, OSError):
+        return []
+    idle = getattr(os, "SCHED_IDLE", None)
+    out = []
+    for tid in tids:
+        if tid in exclude or tid == main:
+            continue
+        try:
+            lowered = os.getpriority(os.PRIO_PROCESS, tid) != reference
+            lowered |= idle is not None and os.sched_getscheduler(tid) == idle
+        except OSError:  # the thread has just exited
+            continue
+        if lowered:
+            out.append(tid)
+    return out
+
+
+def _warm_up(
+    modules: Sequence[str], first_done: threading.Event, *, idle: bool, tid: list[int]
+) -> None:
+    tid.append(threading.get_native_id())
+    if idle:
+        lower_to_idle()
     try:
         importlib.import_module(modules[0])
     finally:
@@ -69,9 +125,18 @@ def _warm_up(modules: Sequence[str], first_done: threading.Event) -> None:
 def wait_as_spare(modules: Sequence[str] = WARM_IMPORTS) -> None:
     """In a warm spare: import ``modules`` and wait for the launcher to assign a rank; afterwards this process's environment is that of the rank's replacement.
     Exits (status 0) when the launcher is gone."""
+    idle = os.environ.get(SPARE_IDLE_ENV) == "1"
+    if idle:
+        for name in POOL_IMPORTS:
+            importlib.import_module(name)
     first_done = threading.Event()
+    warm_tid: list[int] = []
     warming = threading.Thread(
-        target=_warm_up, args=(modules, first_done), name="recd-spare-imports", daemon=True
+        target=_warm_up,
+        args=(modules, first_done),
+        kwargs={"idle": idle, "tid": warm_tid},
+        name="recd-spare-imports",
+        daemon=True,
     )
     warming.start()
     first_done.wait()  # torch.distributed, for the store
@@ -89,7 +154,11 @@ def wait_as_spare(modules: Sequence[str] = WARM_IMPORTS) -> None:
     announced = False
     while True:
         if not announced and not warming.is_alive():
-            store.set(f"{key}/warm", str(time.time()))  # the launcher records it at the swap
+            lowered = lowered_threads(exclude=warm_tid) if idle else []
+            if lowered:  # cold for good: the launcher starts a fresh process instead
+                store.set(f"{key}/lowered", json.dumps(lowered))
+            else:
+                store.set(f"{key}/warm", str(time.time()))  # recorded at the swap
             announced = True
         try:
             store.wait([key], datetime.timedelta(seconds=1 if not announced else 60))

@@ -131,6 +131,12 @@ def test_a_worker_killed_in_each_phase_is_replaced_and_training_continues(
     assert sum(e["event"] == "recovered" for e in timeline) == 5
     spares = [e["how"] for e in timeline if e["event"] == "spawn" and "replaced" in e]
     assert sum(how in ("warm spare", "spare (still importing)") for how in spares) >= 1
+    # The job's first spare starts with it; each later one at idle priority, and only once
+    # the recovery that used the one before is over (it takes no CPU from the recovery).
+    launched = [e for e in timeline if e["event"] in ("spare", "recovered") or "replaced" in e]
+    starts = [i for i, e in enumerate(launched) if e["event"] == "spare"]
+    assert [launched[i]["idle"] for i in starts] == [False] + [True] * (len(starts) - 1)
+    assert all(launched[i - 1]["event"] == "recovered" for i in starts[1:])
     assert (run_dir / f"step_{STEPS:06d}.bin").exists()
 
 
