@@ -33,8 +33,9 @@ $(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 run: setup
 	$(VENV)/bin/recd run --config small
 
+# --durations: the slowest tests at the end of every run, to keep the suite under ~15 min
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests --durations=20
 
 lint: setup
 	$(VENV)/bin/ruff check recd benchmarks tests

@@ -92,6 +92,7 @@ __all__ = [
     "RECOVERY_FILE",
     "ROLE_ENV",
     "UNDO_ENV",
+    "FirstStepNotice",
     "RecoveryPlan",
     "SurvivorRecovery",
     "append_event",
@@ -212,6 +213,28 @@ class _Progress:
     applied: int
     peer_step: int | None = None
     """The step this rank's copy of its ward's shards is at (None: no peer copy)."""
+
+
+def first_step_key(attempt: int, generation: int) -> str:
+    """The store counter each worker of a generation adds 1 to after its first step there."""
+    return f"recd/attempt_{attempt}/gen_{generation}/first_step"
+
+
+class FirstStepNotice:
+    """A :class:`recd.train.loop.StepHook` for workers under recd's launcher without survivor
+    recovery (``--recovery elastic``): tells the launcher that this worker completed its first
+    step, as :class:`SurvivorRecovery` does in survivor mode (the launcher's sign that the
+    group has started: its ``started`` event)."""
+
+    def __init__(self, store: Any, *, attempt: int, generation: int) -> None:
+        self.store = store
+        self.key = first_step_key(attempt, generation)
+        self._due = True
+
+    def after_step(self, trainer: Trainer, step: int, loss: float) -> None:
+        if self._due:
+            self._due = False
+            self.store.add(self.key, 1)
 
 
 class SurvivorRecovery:
@@ -336,7 +359,7 @@ class SurvivorRecovery:
 
     # ------------------------------------------------------------------ survivors
     def _key(self, generation: int, name: str) -> str:
-        return f"recd/attempt_{self.attempt}/gen_{generation}/{name}"
+        return f"recd/attempt_{self.attempt}/gen_{generation}/{name}"  # first_step_key's form
 
     def survive(self, error: BaseException, *, detected_at: float) -> RecoveryPlan:
         """After a failed collective in step ``trainer.step + 1``: agree, undo, rejoin,

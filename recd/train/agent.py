@@ -247,9 +247,13 @@ class _Agent:
         self.start_group()
         self.start_spare()  # with the group: warm by the time training starts (recd.train.spare)
         n = self.config.nproc
+        started = False
         while True:
             time.sleep(_POLL_S)
             job = self.job
+            if not started and self.store.add(self._key("first_step"), 0) >= n:
+                started = True  # the first attempt's start (every kill comes later)
+                append_event(self.events, "started", rank=-1, attempt=job.attempt)
             if self.spare is None and self._started() and job.recovering is None:
                 self.start_spare(idle=True)  # the spare was used (or died): the next one
             if job.recovering is not None:

@@ -17,7 +17,13 @@ from pathlib import Path
 
 from recd.checkpoint.lock import lock_run_directory
 from recd.errors import ConfigError
-from recd.recovery.rejoin import KILL_ENV, ROLE_ENV, SurvivorRecovery, recovery_mode
+from recd.recovery.rejoin import (
+    KILL_ENV,
+    ROLE_ENV,
+    FirstStepNotice,
+    SurvivorRecovery,
+    recovery_mode,
+)
 from recd.train.checkpointing import Checkpointer
 from recd.train.config import TrainConfig, load_train_config
 from recd.train.launch import (
@@ -76,11 +82,15 @@ def run_training(
                     trainer, store=dist.store, generation=dist.generation, attempt=dist.attempt
                 )
                 trainer.recovery = recovery
-            elif dist is not None and recovery_mode() == "elastic" and os.environ.get(KILL_ENV):
-                # the baseline's faults: the same injected kills, no survivor recovery
-                injected = SurvivorRecovery(
-                    trainer, store=dist.store, generation=dist.generation, attempt=dist.attempt
+            elif dist is not None and recovery_mode() == "elastic":
+                trainer.hooks.append(
+                    FirstStepNotice(dist.store, attempt=dist.attempt, generation=dist.generation)
                 )
+                if os.environ.get(KILL_ENV):
+                    # the baseline's faults: the same injected kills, no survivor recovery
+                    injected = SurvivorRecovery(
+                        trainer, store=dist.store, generation=dist.generation, attempt=dist.attempt
+                    )
             if use_checkpoints:
                 checkpointer = Checkpointer(config, signals=signals)
                 trainer.checkpointer = checkpointer

@@ -128,6 +128,7 @@ def test_a_worker_killed_in_each_phase_is_replaced_and_training_continues(
     # completed step in its new generation
     timeline = read_events(run_dir)
     assert sum(e["event"] == "kill" for e in timeline) == 5
+    assert sum(e["event"] == "started" for e in timeline) == 1  # the group's, once
     assert sum(e["event"] == "recovered" for e in timeline) == 5
     spares = [e["how"] for e in timeline if e["event"] == "spawn" and "replaced" in e]
     assert sum(how in ("warm spare", "spare (still importing)") for how in spares) >= 1
@@ -226,6 +227,30 @@ def test_a_kill_during_recovery_falls_back_to_the_elastic_restart(
     assert list(read_loss_history(run_dir).losses) == list(read_loss_history(reference).losses)
     final = f"step_{STEPS:06d}.bin"
     assert (run_dir / final).read_bytes() == (reference / final).read_bytes()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_elastic_route_restarts_every_worker_from_the_newest_checkpoint(
+    tmp_path: Path, table: Path, reference: Path
+) -> None:
+    # The baseline the survivor route is measured against, from the same launcher: rank 1
+    # dies in step 7, every worker is stopped and the group resumes from checkpoint 5.
+    config = _config(tmp_path, table, "run")
+    proc = _train(config, "--recovery", "elastic", "--max-restarts", "1", kills="0:1:7:backward")
+    run_dir = tmp_path / "run"
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (restart,) = _records(run_dir)
+    assert restart["route"] == "restart" and restart["checkpoint_step"] == 5
+    _assert_history_complete(run_dir)
+    final = f"step_{STEPS:06d}.bin"
+    assert (run_dir / final).read_bytes() == (reference / final).read_bytes()
+    # the launcher saw the group start (every worker's first step) once, before the kill
+    timeline = read_events(run_dir)
+    names = [e["event"] for e in timeline]
+    assert names.count("started") == 1 and names.count("kill") == 1
+    assert names.index("started") < names.index("kill")
+    assert "spare" not in names  # no spare on this route
 
 
 def test_survivor_recovery_needs_several_processes(tmp_path: Path, table: Path) -> None:
