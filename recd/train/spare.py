@@ -15,8 +15,9 @@ benchmark.)
 Every later spare, started once a recovery is over (:mod:`recd.train.agent`), imports at
 **idle** CPU priority (``RECD_SPARE_IDLE``): it is needed only at the next failure, and at
 normal priority its seconds of imports slowed the survivors right after the recovery (on
-the benchmark's 2-core machine the survivor route's recovery cost 1.55 s of the job's wall
-time while its phases took 0.45 s). Only the importing thread is lowered (Linux: priority
+the benchmark's 2-core machine a survivor recovery cost the job 2.12 s with the next spare
+started at the swap, 1.09 s with it started afterwards at idle priority; its phases take
+0.45 s). Only the importing thread is lowered (Linux: priority
 and scheduling policy are per thread), and the process-wide thread pools an import starts
 (OpenBLAS's with numpy, jemalloc's with pyarrow) are started first on the main thread, so
 they keep normal priority; a spare that still finds a lowered thread once warm does not say
