@@ -17,13 +17,13 @@ Every later spare, started once a recovery is over (:mod:`recd.train.agent`), im
 normal priority its seconds of imports slowed the survivors right after the recovery (on
 the benchmark's 2-core machine a survivor recovery cost the job 2.12 s with the next spare
 started at the swap, 1.09 s with it started afterwards at idle priority; its phases take
-0.45 s). Only the importing thread is lowered (Linux: priority
-and scheduling policy are per thread), and the process-wide thread pools an import starts
-(OpenBLAS's with numpy, jemalloc's with pyarrow) are started first on the main thread, so
-they keep normal priority; a spare that still finds a lowered thread once warm does not say
-it is warm, and the launcher replaces it with a fresh process. An idle spare that is not
-warm by the next failure is not used either (a half-imported process at idle priority would
-be slower than a fresh one).
+0.45 s). Only the importing thread is lowered (Linux: priority and scheduling policy are
+per thread), and the process-wide thread pools an import starts (OpenBLAS's with numpy,
+jemalloc's with pyarrow) are started first on the main thread, so they keep normal
+priority; a spare that still finds a lowered thread once warm does not say it is warm, and
+the launcher replaces it with a fresh process. An idle spare that is not warm by the next
+failure is not used either (a half-imported process at idle priority would be slower than
+a fresh one).
 
 The main thread waits on the launcher's store for an assignment (and says in the store when
 the imports are done: ``recd/spare/ID/warm``, which the launcher's swap event records); when
