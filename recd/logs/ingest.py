@@ -75,10 +75,9 @@ Peak memory (RSS growth of the process) stays within ``memory_bound_bytes(M)`` =
 to +475 MiB; 36 MiB of the fixed part is pandas, which pyarrow's ``Array.to_numpy`` imports on
 first use) as long as no single session holds a large part of M (a bucket is never split),
 plus the bad lines kept for the report (~200 bytes each). Temporary files take about twice
-the input. The rows
-written are the same for every M; the catalogue's Zipf exponents are fitted on the first
-bucket's sessions and its sums are float sums in bucket order, so they differ with B in the
-last digits. Lines end with ``\\n`` or ``\\r\\n``; CSV values must not contain line breaks.
+the input. The rows written are the same for every M; the catalogue's Zipf exponents are
+fitted on the first bucket's sessions and its sums are float sums in bucket order, so they
+differ with B in the last digits. Lines end with ``\\n`` or ``\\r\\n``; CSV values must not contain line breaks.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ __all__ = [
     "SPARE_ENV",
     "SPARE_IDLE_ENV",
     "UNDO_ENV",
+    "store_key",
 ]
 
 MODE_ENV = "RECD_RECOVERY"
@@ -39,3 +40,9 @@ KILL_ENV = "RECD_TEST_KILL"
 started in generation GEN as rank RANK SIGKILLs itself in step STEP at PHASE (``forward``,
 ``lookup``, ``backward``, ``optimizer``, ``after_update``, ``recovery``), in the first
 attempt only (not after an elastic restart)."""
+
+
+def store_key(attempt: int, generation: int, name: str) -> str:
+    """A key of the launcher's store for one generation of one attempt (failure notices,
+    first-step counters, process-group prefixes): launcher and workers build it alike."""
+    return f"recd/attempt_{attempt}/gen_{generation}/{name}"

@@ -74,6 +74,7 @@ from recd.recovery.env import (
     PEER_COPY_ENV,
     ROLE_ENV,
     UNDO_ENV,
+    store_key,
 )
 from recd.recovery.peer_copy import PeerCopy
 from recd.recovery.survivor import RECOVERY_FILE, append_recovery_record
@@ -215,11 +216,6 @@ class _Progress:
     """The step this rank's copy of its ward's shards is at (None: no peer copy)."""
 
 
-def first_step_key(attempt: int, generation: int) -> str:
-    """The store counter each worker of a generation adds 1 to after its first step there."""
-    return f"recd/attempt_{attempt}/gen_{generation}/first_step"
-
-
 class FirstStepNotice:
     """A :class:`recd.train.loop.StepHook` for workers under recd's launcher without survivor
     recovery (``--recovery elastic``): tells the launcher that this worker completed its first
@@ -228,7 +224,7 @@ class FirstStepNotice:
 
     def __init__(self, store: Any, *, attempt: int, generation: int) -> None:
         self.store = store
-        self.key = first_step_key(attempt, generation)
+        self.key = store_key(attempt, generation, "first_step")
         self._due = True
 
     def after_step(self, trainer: Trainer, step: int, loss: float) -> None:
@@ -359,7 +355,7 @@ class SurvivorRecovery:
 
     # ------------------------------------------------------------------ survivors
     def _key(self, generation: int, name: str) -> str:
-        return f"recd/attempt_{self.attempt}/gen_{generation}/{name}"  # first_step_key's form
+        return store_key(self.attempt, generation, name)
 
     def survive(self, error: BaseException, *, detected_at: float) -> RecoveryPlan:
         """After a failed collective in step ``trainer.step + 1``: agree, undo, rejoin,
@@ -465,8 +461,7 @@ class SurvivorRecovery:
         return plan
 
     def _join_store(self, generation: int) -> Any:
-        prefix = f"recd/attempt_{self.attempt}/gen_{generation}/pg"
-        return torch.distributed.PrefixStore(prefix, self.store)
+        return torch.distributed.PrefixStore(store_key(self.attempt, generation, "pg"), self.store)
 
     def _wait_json(self, key: str, what: str) -> Any:
         try:

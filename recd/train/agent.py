@@ -55,6 +55,7 @@ from recd.recovery.env import (
     SPARE_ENV,
     SPARE_IDLE_ENV,
     UNDO_ENV,
+    store_key,
 )
 from recd.recovery.rejoin import EXIT_FALLBACK, append_event
 from recd.recovery.survivor import append_recovery_record
@@ -169,12 +170,6 @@ class _Agent:
             self.events, "spawn", rank=-1, ranks=self.config.nproc, attempt=self.job.attempt
         )
 
-    def _started(self) -> bool:
-        """Whether the job is past its start-up (every rank completed a step)."""
-        if self.job.spares or self.job.generation:
-            return True
-        return self.store.add(self._key("first_step"), 0) >= self.config.nproc
-
     def start_spare(self, *, idle: bool = False) -> None:
         if not (self.config.spare and self.config.survivor):
             return
@@ -240,8 +235,7 @@ class _Agent:
 
     # ------------------------------------------------------------------ the loop
     def _key(self, name: str) -> str:
-        job = self.job
-        return f"recd/attempt_{job.attempt}/gen_{job.generation}/{name}"
+        return store_key(self.job.attempt, self.job.generation, name)
 
     def run(self) -> int:
         self.start_group()
@@ -252,9 +246,9 @@ class _Agent:
             time.sleep(_POLL_S)
             job = self.job
             if not started and self.store.add(self._key("first_step"), 0) >= n:
-                started = True  # the first attempt's start (every kill comes later)
+                started = True  # every rank of the first attempt completed a step
                 append_event(self.events, "started", rank=-1, attempt=job.attempt)
-            if self.spare is None and self._started() and job.recovering is None:
+            if self.spare is None and started and job.recovering is None:
                 self.start_spare(idle=True)  # the spare was used (or died): the next one
             if job.recovering is not None:
                 key = self._key("first_step")
