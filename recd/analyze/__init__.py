@@ -4,41 +4,54 @@ RecD's analytic model per feature (S, d(f), l(f), DedupeLen, DedupeFactor), the 
 at the reader's own batch boundaries, and a ``dedup_sparse_features`` proposal that keeps only
 groups whose dedup makes the reader faster on this machine, timed on the table's own batches
 (:mod:`.costs`).
+
+The names below load their submodule on first use (PEP 562): the cost model needs torch and
+torchrec, and ``recd --help`` or ``from recd.analyze.defaults import ...`` should not pay for
+them.
 """
 
-from recd.analyze.costs import (
-    PAY_MARGIN,
-    Choice,
-    ConfigTimer,
-    JobTimer,
-    choose_groups,
-    hash_all_preprocessing,
-    sample_batches,
-)
-from recd.analyze.table import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_SYNC_THRESHOLD,
-    DEFAULT_THRESHOLD,
-    DedupCounts,
-    FeatureAnalysis,
-    GroupProposal,
-    RejectedGroup,
-    SyncPair,
-    TableAnalysis,
-    adjacent_unchanged,
-    analyze_rows,
-    analyze_table,
-    dedupe_factor,
-    dedupe_len,
-    format_report,
-    is_clustered,
-    propose_groups,
-    reader_dedup_counts,
-    session_breaks,
-    table_sparse_features,
-    write_json,
-)
+from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_HOME = {
+    "defaults": (
+        "DEFAULT_BATCH_SIZE",
+        "DEFAULT_SYNC_THRESHOLD",
+        "DEFAULT_THRESHOLD",
+        "PAY_MARGIN",
+    ),
+    "costs": (
+        "Choice",
+        "ConfigTimer",
+        "JobTimer",
+        "choose_groups",
+        "hash_all_preprocessing",
+        "sample_batches",
+    ),
+    "table": (
+        "DedupCounts",
+        "FeatureAnalysis",
+        "GroupProposal",
+        "RejectedGroup",
+        "SyncPair",
+        "TableAnalysis",
+        "adjacent_unchanged",
+        "analyze_rows",
+        "analyze_table",
+        "dedupe_factor",
+        "dedupe_len",
+        "format_report",
+        "is_clustered",
+        "propose_groups",
+        "reader_dedup_counts",
+        "session_breaks",
+        "table_sparse_features",
+        "write_json",
+    ),
+}
+_MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
 __all__ = [
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_SYNC_THRESHOLD",
@@ -69,3 +82,52 @@ __all__ = [
     "table_sparse_features",
     "write_json",
 ]
+
+if TYPE_CHECKING:
+    from recd.analyze.costs import (
+        Choice,
+        ConfigTimer,
+        JobTimer,
+        choose_groups,
+        hash_all_preprocessing,
+        sample_batches,
+    )
+    from recd.analyze.defaults import (
+        DEFAULT_BATCH_SIZE,
+        DEFAULT_SYNC_THRESHOLD,
+        DEFAULT_THRESHOLD,
+        PAY_MARGIN,
+    )
+    from recd.analyze.table import (
+        DedupCounts,
+        FeatureAnalysis,
+        GroupProposal,
+        RejectedGroup,
+        SyncPair,
+        TableAnalysis,
+        adjacent_unchanged,
+        analyze_rows,
+        analyze_table,
+        dedupe_factor,
+        dedupe_len,
+        format_report,
+        is_clustered,
+        propose_groups,
+        reader_dedup_counts,
+        session_breaks,
+        table_sparse_features,
+        write_json,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

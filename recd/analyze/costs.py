@@ -57,6 +57,7 @@ from typing import Any
 import pyarrow as pa
 import torch
 
+from recd.analyze.defaults import PAY_MARGIN
 from recd.reader.config import SPARSE_PREPROCESS_KINDS, ReaderConfig
 from recd.reader.plan import ReadPlan, build_plan
 from recd.reader.stored_ops import split_preprocessing
@@ -65,10 +66,6 @@ from recd.reader.transform import build_preprocessing
 from recd.tensors.convert import FeatureSpec, convert_sparse
 from recd.tensors.preprocess import preprocess_sparse
 
-PAY_MARGIN = 0.02
-"""A group is kept only if, with the other kept groups deduplicated, leaving it out costs the
-reader more than this share of the plain job's time (conversion + sparse preprocessing); the
-kept set as a whole must save more than this share too."""
 SAMPLE_BATCHES = 12
 """Full batches of the table timed (evenly spaced over the table)."""
 REPS = 5

@@ -53,12 +53,17 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from recd.analyze.costs import (
-    PAY_MARGIN,
     ConfigTimer,
     JobTimer,
     choose_groups,
     sample_batches,
     sparse_plan,
+)
+from recd.analyze.defaults import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_SYNC_THRESHOLD,
+    DEFAULT_THRESHOLD,
+    PAY_MARGIN,
 )
 from recd.errors import ConfigError, SchemaError
 from recd.etl.partitions import parse_time_ms
@@ -74,10 +79,6 @@ from recd.tensors.jagged import (
     read_list_column,
     read_stacked_columns,
 )
-
-DEFAULT_BATCH_SIZE = 512
-DEFAULT_THRESHOLD = 1.5
-DEFAULT_SYNC_THRESHOLD = 0.99
 
 
 def dedupe_len(

@@ -7,19 +7,14 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from recd.analyze import (
+from recd.analyze.defaults import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_SYNC_THRESHOLD,
     DEFAULT_THRESHOLD,
     PAY_MARGIN,
-    analyze_table,
-    format_report,
-    hash_all_preprocessing,
-    table_sparse_features,
 )
 from recd.cli.output import add_json_option, emit
 from recd.errors import ConfigError
-from recd.reader.memory import keep_freed_memory
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -86,6 +81,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    # The analysis needs torch and torchrec; imported here so that the rest of the command
+    # line (--help, --version, every other command) starts without them.
+    from recd.analyze import (
+        analyze_table,
+        format_report,
+        hash_all_preprocessing,
+        table_sparse_features,
+    )
+    from recd.reader.memory import keep_freed_memory
+
     keep_freed_memory()  # time the reader as its worker processes run
     preprocessing: list[dict[str, Any]] = []
     if args.preprocessed:

@@ -76,6 +76,7 @@ if engine == "spark":  # a light local Spark (the engine uses the active session
      .config("spark.driver.memory", "512m")
      .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1")
      .getOrCreate())
+print("ready", flush=True)  # the kill campaign times its kills from here, past start-up
 run_etl(EtlConfig(shard_dir=Path(sys.argv[1]), table_dir=Path(sys.argv[2]), show_progress=False,
                   row_group_rows={ROW_GROUP_ROWS}, table_format=sys.argv[3], engine=engine))
 print("finished")
@@ -123,6 +124,14 @@ def kill_when(
     child.send_signal(signal.SIGKILL)
     child.wait(timeout=30)
     assert child.returncode == -signal.SIGKILL
+
+
+def wait_ready(child: subprocess.Popen[bytes]) -> float:
+    """Block until the child prints ``ready`` (its engine is up); the monotonic time then."""
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    assert line.strip() == b"ready", f"child ended before it was ready: {child.communicate()}"
+    return time.monotonic()
 
 
 def assert_no_partial_partition(table: Path, rows: pa.Table) -> None:
@@ -274,20 +283,27 @@ def test_iceberg_kill_campaign_reader_never_sees_a_partial_run(
     table = tmp_path / "table"
     run_etl(EtlConfig(shard_dir=shard_dir, table_dir=table, baseline=True, show_progress=False))
     delays = {SHARD_DELAY_ENV: "0.05", COMMIT_DELAY_ENV: "0.3"}
-    started = time.monotonic()
     clean = start_child(shard_dir, table, delays, "iceberg", engine)
+    ready_at = wait_ready(clean)
     _, err = clean.communicate(timeout=300)
     assert clean.returncode == 0, err.decode()
-    duration = time.monotonic() - started
+    duration = time.monotonic() - ready_at
+    # Kill moments from the child's "ready" (past interpreter and JVM start-up, where a kill
+    # tests nothing), one in each of `planned` equal slices of 90% of the clean run's ETL time
+    # (later runs are often faster: warm caches), at a random point of its slice: early kills
+    # hit the staging, late ones the commit. Spark pays a JVM start per attempt: fewer kills.
+    planned = 10 if engine == "local" else 5
     rng = random.Random(7)
     outcomes = {"killed, old run visible": 0, "killed, new run visible": 0, "finished": 0}
     kills = attempts = 0
-    while kills < 10 and attempts < 25:
+    while kills < planned and attempts < 2 * planned + 5:
         attempts += 1
         tags_before = run_tags(table)
         child = start_child(shard_dir, table, delays, "iceberg", engine)
+        wait_ready(child)
+        window = duration * 0.9 / planned
         try:
-            child.wait(timeout=rng.uniform(0.2, duration * 1.05))
+            child.wait(timeout=window * (kills + rng.random()))
         except subprocess.TimeoutExpired:
             child.send_signal(signal.SIGKILL)
             child.wait(timeout=30)
@@ -302,7 +318,7 @@ def test_iceberg_kill_campaign_reader_never_sees_a_partial_run(
             outcomes[f"killed, {key} run visible"] += 1
         assert all_rows(table).equals(rows.sort_by(REQUEST_ID)), outcomes
     print(f"kill campaign ({engine}): {outcomes}")
-    assert kills >= 10, outcomes
+    assert kills >= planned, outcomes
     tags_before = run_tags(table)
     rerun = start_child(shard_dir, table, {}, "iceberg", engine)
     _, err = rerun.communicate(timeout=300)

@@ -20,6 +20,21 @@ def test_version() -> None:
     assert proc.returncode == 0 and proc.stdout.strip() == f"recd {__version__}"
 
 
+def test_the_command_line_starts_without_torch() -> None:
+    """Every command's parser (what ``--help``, ``--version`` and a bad option need) loads
+    without torch or torchrec: a command imports them when it runs, not when it registers."""
+    code = (
+        "import sys\n"
+        "from recd.cli import build_parser\n"
+        "build_parser()\n"
+        "print(sorted(m for m in ('torch', 'torchrec', 'fbgemm_gpu') if m in sys.modules))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert proc.stdout.strip() == "[]", proc.stdout
+
+
 def test_a_reader_that_goes_away_is_not_an_error(tmp_path: Path) -> None:
     """``recd ckpt inspect FILE | head -1``: the report (hundreds of KB: one line per tensor)
     meets a closed pipe; exit 0 and no traceback."""
