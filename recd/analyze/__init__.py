@@ -12,8 +12,9 @@ them.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from recd.lazy import lazy_exports
 
 _HOME = {
     "defaults": (
@@ -51,7 +52,6 @@ _HOME = {
         "write_json",
     ),
 }
-_MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
 __all__ = [
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_SYNC_THRESHOLD",
@@ -120,14 +120,4 @@ if TYPE_CHECKING:
     )
 
 
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _HOME, globals())

@@ -146,17 +146,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     """The ``recd train`` handler (also what ``recd pivot`` runs after its preparation)."""
+    from recd.train.config import load_train_config
+
+    config = load_train_config(args.config)  # a bad config fails before torch is imported
     # Heavy imports (torch, torchrec) only here: `recd --help` stays fast.
     from recd.errors import ConfigError, RecoveryError
     from recd.progress import progress_enabled
     from recd.recovery.rejoin import EXIT_FALLBACK
-    from recd.train.config import load_train_config
     from recd.train.launch import Nodes, in_torchrun, launch_torchrun
     from recd.train.loop import format_summary
     from recd.train.run import run_training
     from recd.train.signals import forward_signals_to_workers
 
-    config = load_train_config(args.config)
     if args.steps is not None:
         if args.steps < 1:
             raise ConfigError(f"--steps: expected an integer >= 1, got {args.steps}")

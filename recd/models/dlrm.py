@@ -22,7 +22,6 @@ The model returns logits; train with ``bce_loss`` (BCE with logits, mean over th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 import torch
 import torch.nn.functional as F
@@ -33,23 +32,12 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recd.errors import ConfigError
+from recd.models.options import DedupMode, SequenceConfig
 from recd.models.packing import as_sparse_features, pack_features
-from recd.models.sequence import SequenceArch, SequenceConfig
+from recd.models.sequence import SequenceArch
 from recd.tensors.batch import Batch, SparseFeatures
 
 __all__ = ["DLRM", "DedupMode", "ModelConfig", "PooledSparseArch", "bce_loss"]
-
-
-class DedupMode(StrEnum):
-    """How the model uses IKJTs (the paper's ablation steps)."""
-
-    OFF = "off"
-    """Expand every IKJT to B rows first: the plain-KJT baseline and reference."""
-    LOOKUP = "lookup"
-    """Lookups and pooling on distinct rows; sequence embeddings are expanded to B rows
-    (``jagged_index_select``) before the transformers."""
-    FULL = "full"
-    """As LOOKUP, and each transformer runs once per distinct sequence."""
 
 
 @dataclass(kw_only=True, slots=True)

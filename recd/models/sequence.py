@@ -28,8 +28,6 @@ group collapses to one or two very short sequences may differ by rounding.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import nn
@@ -37,43 +35,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torchrec.modules.embedding_modules import EmbeddingCollection
 
 from recd.errors import ConfigError
+from recd.models.options import SequenceConfig
 from recd.models.packing import pack_features
 from recd.tensors.batch import SparseFeatures
 from recd.tensors.ikjt import lengths_to_offsets
 
 __all__ = ["SequenceArch", "SequenceConfig", "SequenceEncoder"]
-
-
-@dataclass(kw_only=True, slots=True)
-class SequenceConfig:
-    """The transformer that pools each sequence group (one per group, same shape)."""
-
-    num_layers: int = 1
-    """Encoder layers."""
-    num_heads: int = 2
-    """Attention heads; must divide the embedding dimension (the model width)."""
-    ff_dim: int = 32
-    """Width of each layer's feed-forward block."""
-    max_seq_len: int = 32
-    """Positions kept per sequence (the first ``max_seq_len`` ids; readers that want the most
-    recent ids apply ``recd.tensors.preprocess.TruncateLast`` first)."""
-    pooling: Literal["mean", "first"] = "mean"
-    """``mean``: mean over [CLS] and the valid positions; ``first``: the [CLS] output."""
-    dropout: float = 0.0
-    """Dropout inside the encoder. Must be 0 for the IKJT path to equal the KJT path (dropout
-    masks are drawn per row, and a distinct row stands for several batch rows)."""
-    exact_attention: bool = True
-    """Run attention on the batch-invariant MATH SDPA backend (see the module docstring)."""
-
-    def __post_init__(self) -> None:
-        for name in ("num_layers", "num_heads", "ff_dim", "max_seq_len"):
-            value = getattr(self, name)
-            if value < 1:
-                raise ConfigError(f"sequence.{name} must be >= 1, got {value}")
-        if self.pooling not in ("mean", "first"):
-            raise ConfigError(f"sequence.pooling must be 'mean' or 'first', got {self.pooling!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"sequence.dropout must be in [0, 1), got {self.dropout}")
 
 
 class SequenceEncoder(nn.Module):

@@ -8,15 +8,28 @@
   SGD (``python -m recd.optim.measure``).
 """
 
-from recd.optim.lazy_adam import (
-    LazyAdam,
-    RowsStep,
-    RowUpdate,
-    lazy_adam_direction,
-    lazy_adam_update_rows,
-)
-from recd.optim.model_adam import AdamConfig, FlatState, ModelAdam, embedding_parameter_names
+from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from recd.lazy import lazy_exports
+
+# Names load their submodule on first use (recd.lazy): the light ones (configs) without torch.
+_HOME = {
+    "config": ("AdamConfig",),
+    "lazy_adam": (
+        "LazyAdam",
+        "RowsStep",
+        "RowUpdate",
+        "lazy_adam_direction",
+        "lazy_adam_update_rows",
+    ),
+    "model_adam": (
+        "FlatState",
+        "ModelAdam",
+        "embedding_parameter_names",
+    ),
+}
 __all__ = [
     "AdamConfig",
     "FlatState",
@@ -28,3 +41,16 @@ __all__ = [
     "lazy_adam_direction",
     "lazy_adam_update_rows",
 ]
+
+if TYPE_CHECKING:
+    from recd.optim.config import AdamConfig
+    from recd.optim.lazy_adam import (
+        LazyAdam,
+        RowsStep,
+        RowUpdate,
+        lazy_adam_direction,
+        lazy_adam_update_rows,
+    )
+    from recd.optim.model_adam import FlatState, ModelAdam, embedding_parameter_names
+
+__getattr__, __dir__ = lazy_exports(__name__, _HOME, globals())

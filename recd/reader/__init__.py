@@ -7,12 +7,36 @@
 memory (``keep_freed_memory``: fixed glibc malloc thresholds, 1.5x faster on rm1-like).
 """
 
-from recd.reader.config import ReaderConfig, Shuffle, load_reader_config
-from recd.reader.dataset import ReaderDataset, ResumableLoader, iter_batches, make_loader
-from recd.reader.memory import keep_freed_memory
-from recd.reader.plan import ReadPlan, WorkUnit, build_plan
-from recd.reader.stats import BatchTiming, ReaderStats
+from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from recd.lazy import lazy_exports
+
+# Names load their submodule on first use (recd.lazy): the light ones (configs) without torch.
+_HOME = {
+    "config": (
+        "ReaderConfig",
+        "Shuffle",
+        "load_reader_config",
+    ),
+    "dataset": (
+        "ReaderDataset",
+        "ResumableLoader",
+        "iter_batches",
+        "make_loader",
+    ),
+    "memory": ("keep_freed_memory",),
+    "plan": (
+        "ReadPlan",
+        "WorkUnit",
+        "build_plan",
+    ),
+    "stats": (
+        "BatchTiming",
+        "ReaderStats",
+    ),
+}
 __all__ = [
     "BatchTiming",
     "ReadPlan",
@@ -28,3 +52,12 @@ __all__ = [
     "load_reader_config",
     "make_loader",
 ]
+
+if TYPE_CHECKING:
+    from recd.reader.config import ReaderConfig, Shuffle, load_reader_config
+    from recd.reader.dataset import ReaderDataset, ResumableLoader, iter_batches, make_loader
+    from recd.reader.memory import keep_freed_memory
+    from recd.reader.plan import ReadPlan, WorkUnit, build_plan
+    from recd.reader.stats import BatchTiming, ReaderStats
+
+__getattr__, __dir__ = lazy_exports(__name__, _HOME, globals())

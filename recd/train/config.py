@@ -55,9 +55,8 @@ from typing import Any, Literal
 
 from recd.config_types import typed_values
 from recd.errors import ConfigError
-from recd.models.dlrm import DedupMode
-from recd.models.sequence import SequenceConfig
-from recd.optim import AdamConfig
+from recd.models.options import DedupMode, SequenceConfig
+from recd.optim.config import AdamConfig
 from recd.reader.config import ReaderConfig, Shuffle
 
 __all__ = [

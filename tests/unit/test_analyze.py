@@ -191,11 +191,3 @@ def test_bad_options_are_config_errors(tmp_path: Path) -> None:
         analyze_table(tmp_path, batch_size=0)
     with pytest.raises(ConfigError, match="no committed rows"):
         analyze_table(tmp_path, start="2027-01-01")
-
-
-def test_the_package_names_load_lazily_from_their_modules() -> None:
-    import recd.analyze as package
-
-    assert sorted(package.__all__) == sorted(package._MODULE_OF)
-    for name in package.__all__:
-        assert getattr(package, name) is not None, name

@@ -69,3 +69,20 @@ def test_recd_train_exits_2_with_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "[optim] lr = 'fast': expected `float`, got `str`" in lines[0]
+
+
+def test_a_training_config_loads_without_torch() -> None:
+    """``recd train --config`` validates the whole config (reader, model, optimizer sections)
+    before it imports torch: a typo costs well under a second, not torch's import."""
+    config = Path(__file__).resolve().parents[2] / "pipelines" / "train_small.toml"
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from recd.train.config import load_train_config\n"
+        f"load_train_config(Path({str(config)!r}))\n"
+        "print(sorted(m for m in ('torch', 'torchrec', 'fbgemm_gpu') if m in sys.modules))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert proc.stdout.strip() == "[]", proc.stdout
