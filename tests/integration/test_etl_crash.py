@@ -293,6 +293,7 @@ def test_iceberg_kill_campaign_reader_never_sees_a_partial_run(
     # (later runs are often faster: warm caches), at a random point of its slice: early kills
     # hit the staging, late ones the commit. Spark pays a JVM start per attempt: fewer kills.
     planned = 10 if engine == "local" else 5
+    window = duration * 0.9 / planned
     rng = random.Random(7)
     outcomes = {"killed, old run visible": 0, "killed, new run visible": 0, "finished": 0}
     kills = attempts = 0
@@ -301,7 +302,6 @@ def test_iceberg_kill_campaign_reader_never_sees_a_partial_run(
         tags_before = run_tags(table)
         child = start_child(shard_dir, table, delays, "iceberg", engine)
         wait_ready(child)
-        window = duration * 0.9 / planned
         try:
             child.wait(timeout=window * (kills + rng.random()))
         except subprocess.TimeoutExpired:
