@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -303,10 +304,35 @@ def encode_list(
 def range_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Positions ``starts[r] .. starts[r] + lengths[r] - 1`` of every r, concatenated (int64).
 
-    Built as a running sum of steps: +1 inside a range, and at the first position of each
-    non-empty range the jump from the previous range's last position. One scatter of a step
-    per range and one ``cumsum``: ~30% faster than a ``repeat`` of per-range shifts plus an
-    ``arange`` on the readers' short rows (13 ids on average)."""
+    In a process that has loaded fbgemm (every reader: torchrec loads it) one call of its
+    ``expand_into_jagged_permute`` kernel (2.5-3x faster than numpy on 16k rows of 13 ids);
+    elsewhere (the ETL, which never loads torch) :func:`range_index_numpy`."""
+    if "fbgemm_gpu" in sys.modules and len(lengths):
+        return _range_index_fbgemm(starts, lengths)
+    return range_index_numpy(starts, lengths)
+
+
+def _range_index_fbgemm(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    import torch  # loaded already: fbgemm_gpu is
+
+    n = len(lengths)
+    ends = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=ends[1:])
+    first = np.empty(n + 1, dtype=np.int64)  # the kernel reads n + 1 input offsets
+    first[:n] = starts
+    first[n] = 0
+    index = torch.ops.fbgemm.expand_into_jagged_permute(
+        torch.arange(n), torch.from_numpy(first), torch.from_numpy(ends), int(ends[-1])
+    )
+    return index.numpy()
+
+
+def range_index_numpy(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """:func:`range_index` in numpy. Built as a running sum of steps: +1 inside a range, and
+    at the first position of each non-empty range the jump from the previous range's last
+    position. One scatter of a step per range and one ``cumsum``: ~30% faster than a
+    ``repeat`` of per-range shifts plus an ``arange`` on the readers' short rows (13 ids on
+    average)."""
     lengths = np.asarray(lengths)
     keep = lengths > 0
     if not keep.all():

@@ -58,6 +58,7 @@ import pyarrow as pa
 import torch
 
 from recd.analyze.defaults import PAY_MARGIN
+from recd.layout_read import expand_stacked, read_stacked
 from recd.reader.config import SPARSE_PREPROCESS_KINDS, ReaderConfig
 from recd.reader.plan import ReadPlan, build_plan
 from recd.reader.stored_ops import split_preprocessing
@@ -147,6 +148,7 @@ def sparse_plan(
     end: str | None,
     drop_last: bool = False,
     specs: list[dict[str, Any]] | None = None,
+    groups: list[list[str]] | None = None,
 ) -> ReadPlan:
     """The reader's plan of ``table`` for just the ``sparse`` features (one worker, table
     order, no shuffle), with the sparse preprocessing ``specs`` if given: the batches
@@ -161,6 +163,7 @@ def sparse_plan(
         batch_size=batch_size,
         drop_last=drop_last,
         preprocessing=list(specs or []),
+        dedup_sparse_features=groups or [],
     )
     return build_plan(config)
 
@@ -180,12 +183,23 @@ def sample_batches(
     ``preprocessing``, the features the table stores in the dedup layout arrive preprocessed,
     as a reader's do (``recd.reader.stored_ops``); the rest is left to :class:`JobTimer`."""
     specs = sparse_preprocessing(preprocessing or [], sparse)
+    # every encoded feature stacked: each configuration gathers what it reads plain (_run)
+    alone = [[f] for f in sparse]
     plan = sparse_plan(
-        table, sparse, batch_size=batch_size, start=start, end=end, drop_last=True, specs=specs
+        table,
+        sparse,
+        batch_size=batch_size,
+        start=start,
+        end=end,
+        drop_last=True,
+        specs=specs,
+        groups=alone,
     )
     total = plan.worker_num_batches(0, 0)
     if total == 0:  # smaller than one batch: time what there is
-        plan = sparse_plan(table, sparse, batch_size=batch_size, start=start, end=end, specs=specs)
+        plan = sparse_plan(
+            table, sparse, batch_size=batch_size, start=start, end=end, specs=specs, groups=alone
+        )
         return [b.rows for b in iter_worker_batches(plan, epoch=0, worker=0)]
     step = max(1, total // count)
     wanted = set(range(0, total, step)[:count])
@@ -282,6 +296,12 @@ def _one_thread() -> Iterator[None]:
 def _run(batches: list[pa.Table], spec: FeatureSpec, module: torch.nn.Module | None) -> float:
     t0 = time.perf_counter()
     for rows in batches:
+        # what the reader gathers per unit: the stacked features outside hash-free groups
+        stacked = read_stacked(rows)
+        if stacked is not None:
+            held = set(stacked.features)
+            groups = [g for g in spec.dedup_sparse_features if held.issuperset(g)]
+            rows = expand_stacked(rows, keep={f for g in groups for f in g})
         sparse = convert_sparse(rows, spec, source="<analyze>")
         if module is not None:
             preprocess_sparse(sparse, module)

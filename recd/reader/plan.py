@@ -108,16 +108,27 @@ class ReadPlan:
     units: list[WorkUnit]
     """All units, in table order."""
     encoded: list[str] = dataclasses.field(default_factory=list)
-    """Sparse features some file stores in the dedup layout: batches carry them stacked
-    (``recd.layout_read``) from every unit, plain units included, and conversion builds
-    their IKJTs without hashing."""
+    """Sparse features some file stores in the dedup layout: every unit, plain units
+    included, reads them stacked (``recd.layout_read``), preprocessed on their stored ids;
+    batches carry the members of hash-free groups stacked (``stacked``), the rest plain."""
+
+    @property
+    def stacked(self) -> list[str]:
+        """The encoded features batches carry stacked: the members of the dedup groups whose
+        features are all encoded (their IKJTs come from the positions, without hashing). The
+        other encoded features are gathered to plain rows once per unit
+        (``recd.layout_read.expand_stacked``)."""
+        encoded = set(self.encoded)
+        members = {f for g in self.config.dedup_sparse_features if encoded.issuperset(g) for f in g}
+        return [f for f in self.encoded if f in members]
 
     @property
     def batch_columns(self) -> list[str]:
-        """The columns of a batch's rows: ``columns`` less ``session_id`` and the encoded
+        """The columns of a batch's rows: ``columns`` less ``session_id`` and the stacked
         features, then the stacked columns holding those."""
-        out = [c for c in self.columns if c != SESSION_ID and c not in self.encoded]
-        return out + list(STACKED_COLUMNS) if self.encoded else out
+        stacked = set(self.stacked)
+        out = [c for c in self.columns if c != SESSION_ID and c not in stacked]
+        return out + list(STACKED_COLUMNS) if stacked else out
 
     @property
     def num_rows(self) -> int:

@@ -52,13 +52,17 @@ class UnitReader:
         self._path: str | None = None
         self._file: pq.ParquetFile | None = None
         self._stored_ops = split_preprocessing(plan.config.preprocessing, plan.encoded)[0]
+        stacked = set(plan.stacked)
+        self._plain = {f for f in plan.encoded if f not in stacked}
+        """Encoded features read as plain KJT rows: gathered once per unit."""
         self.process_s = 0.0
         """Seconds spent so far preprocessing stored ids (``recd.reader.stored_ops``)."""
 
     def read(self, unit: WorkUnit, *, epoch: int) -> pa.Table:
         """The unit's rows: projected, checked, canonical types, sessions permuted if asked;
-        the plan's encoded features in their in-memory dedup form (``recd.layout``), their
-        sparse preprocessing applied to the stored ids."""
+        the plan's stacked features in their in-memory dedup form (``recd.layout``), its
+        other encoded features as plain rows, the sparse preprocessing of both applied to
+        the stored ids."""
         table = self._read_raw(unit)
         table = normalise_table(table, unit, self.plan)
         seconds: list[float] = []
@@ -72,6 +76,7 @@ class UnitReader:
                 first_row=unit.first_row,
                 ops=self._stored_ops,
                 ops_seconds=seconds,
+                plain=self._plain,
             )
             self.process_s += sum(seconds)
         if self.plan.config.shuffle == Shuffle.SESSION:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from benchmarks.reader import (
     HEADLINES,
     PARTS,
     main,
+    measure,
     prepare_tables,
     timed_measurement,
 )
@@ -36,7 +38,8 @@ def test_quick_run_writes_sane_results_and_reuses_its_tables(tmp_path: Path) -> 
     p = r["protocol"]
     assert p["rows_read_per_pass"] == p["rows_in_table"] == r["rows"] == r["data"]["rows"]
     assert p["window"] == "the whole table" and p["repetitions"] == 1
-    assert sorted(p["orders"][0]) == sorted(ALL_CONFIGS)
+    assert p["interleave"] == "pass" and "rounds of one pass of every config" in p["order"]
+    assert all(sorted(order) == sorted(ALL_CONFIGS) for order in p["orders"][0])
     assert len(p["load_average_before"]) == 3 and p["command"] == r["command"]
     assert p["malloc"].startswith(("fixed thresholds", "glibc defaults"))
     assert {r["configs"][name]["rows"] for name in ALL_CONFIGS} == {r["rows"]}
@@ -130,3 +133,53 @@ def test_a_measurement_repeats_whole_passes_and_reports_per_pass() -> None:
     assert many.passes == reader.passes - 1 > 1
     assert (many.rows, many.batches, many.read_bytes) == (30, 3, 300)  # per pass
     assert many.fill_s == pytest.approx(0.003) and many.process_s == pytest.approx(0.009)
+
+
+class _BusyReader(_CountingReader):
+    """A stand-in reader whose pass burns ``cpu_s`` of CPU and logs its name."""
+
+    def __init__(self, name: str, cpu_s: float, log: list[str]) -> None:
+        super().__init__()
+        self.name, self.cpu_s, self.log = name, cpu_s, log
+
+    def iter_timed(self) -> Any:
+        self.log.append(self.name)
+        t0 = time.process_time()
+        while time.process_time() - t0 < self.cpu_s:
+            pass
+        yield from super().iter_timed()
+
+
+@pytest.mark.parametrize("interleave", ["pass", "measurement"])
+def test_repetitions_interleave_pass_by_pass_or_measurement_by_measurement(
+    interleave: str,
+) -> None:
+    log: list[str] = []
+    readers = {"fast": _BusyReader("fast", 0.002, log), "slow": _BusyReader("slow", 0.006, log)}
+    passes, orders = measure(
+        readers,  # type: ignore[arg-type]
+        reps=2,
+        warmup_batches=1,
+        seed=3,
+        min_measure_s=0.01,
+        interleave=interleave,
+    )
+    log = log[2:]  # the warm-ups
+    ran = [name for rep in orders for order in rep for name in order]
+    assert len(orders) == 2
+    if interleave == "measurement":  # each reader's passes back to back
+        assert all(len(rep) == 1 and sorted(rep[0]) == ["fast", "slow"] for rep in orders)
+
+        def runs(names: list[str]) -> list[str]:
+            return [n for i, n in enumerate(names) if i == 0 or names[i - 1] != n]
+
+        assert len(ran) == 4 and runs(log) == runs(ran) and len(log) > len(ran)
+        assert passes["fast"][0].passes > passes["slow"][0].passes
+        return
+    assert log == ran  # the recorded rounds are what ran
+    for rep, order in enumerate(orders):
+        assert all(sorted(r) == ["fast", "slow"] for r in order)  # each reader once a round
+        k = len(order)
+        assert passes["fast"][rep].passes == passes["slow"][rep].passes == k
+        assert k >= 2  # the slow reader alone needs two 6 ms passes
+        assert all(passes[name][rep].cpu_s * k >= 0.01 for name in readers)

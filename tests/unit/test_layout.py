@@ -276,3 +276,19 @@ def test_a_corrupt_group_row_fails_naming_file_row_and_column(
         BadRowError, match=rf"f\.parquet: row {row + 10}: field 'history__group_lengths'"
     ):
         stack_unit(stored, ["static"], [], groups=groups, path="f.parquet", first_row=10)
+
+
+def test_the_fbgemm_and_numpy_range_indices_agree() -> None:
+    import fbgemm_gpu  # noqa: F401  (the reader's processes have it loaded)
+
+    from recd.layout import range_index, range_index_numpy
+
+    rng = np.random.default_rng(3)
+    for n in (1, 7, 5000):
+        starts = rng.integers(0, 10_000, n).astype(np.int32)
+        lengths = rng.integers(0, 4, n).astype(np.int32)
+        lengths[: n // 3] = 0  # empty rows, first ones included
+        expected = range_index_numpy(starts, lengths)
+        got = range_index(starts, lengths)
+        assert got.dtype == np.int64 and np.array_equal(got, expected)
+        assert expected.size == int(lengths.sum())

@@ -160,6 +160,24 @@ def test_preprocessing_and_two_ranks_give_the_plain_layouts_batches(
             assert_same(read(tables[name], **k), expected)
 
 
+@pytest.mark.parametrize("shuffle", ["none", "session"])
+def test_encoded_features_read_as_plain_kjt_rows_equal_the_plain_layouts(
+    tables: dict[str, Path], shuffle: str
+) -> None:
+    # No group, or a group not all encoded ("default"): each unit's encoded features are
+    # gathered to plain rows once, before the shuffle; their preprocessing runs before that.
+    pre = [
+        {"kind": "hash_modulo", "features": ["history_items"], "modulo": 7},
+        {"kind": "truncate_last", "features": ["history_event_types"], "n": 2},
+    ]
+    plan = build_plan(ReaderConfig(table=str(tables["dedup"]), dedup_sparse_features=[]))
+    assert plan.encoded and plan.stacked == [] and "__recd_ids" not in plan.batch_columns
+    for name in ("dedup", "default", "mixed"):
+        for groups in ([], [["history_items", "item_id"]]):
+            kwargs = {"dedup_sparse_features": groups, "preprocessing": pre, "shuffle": shuffle}
+            assert_same(read(tables[name], **kwargs), read(tables["plain"], **kwargs))
+
+
 def test_mixed_layouts_read_as_one_table(tables: dict[str, Path]) -> None:
     plan = build_plan(ReaderConfig(table=str(tables["mixed"])))
     assert any(u.encoded for u in plan.units) and not all(u.encoded for u in plan.units)

@@ -183,3 +183,62 @@ def test_gather_over_several_chunks_equals_slicing_row_by_row(seed: int) -> None
             out = np.full(len(expect_ids), -999, dtype=np.int64)
             _, into = gather(stacked, keys, rows, out=out)
             assert into is out and out.tolist() == expect_ids
+
+
+def stacked_lists(unit: pa.Table) -> dict[str, list[list[int]]]:
+    stacked = read_stacked(unit)
+    if stacked is None:
+        return {}
+    out = {}
+    for f in stacked.features:
+        lengths, values = gather(stacked, stacked.index([f]))
+        ends = np.cumsum(lengths)
+        out[f] = [values[e - n : e].tolist() for e, n in zip(ends, lengths, strict=True)]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_features_gathered_to_plain_rows_equal_their_stacked_lists(seed: int) -> None:
+    """``stack_unit(plain=...)``: the features a reader reads as plain KJT rows come out as
+    plain columns equal to their stacked lists (ops applied), the rest stay stacked; group
+    members of one width (1, 0) and of varying widths, a member not read, plain units."""
+    rng = np.random.default_rng(seed)
+    rows = random_sessions(rng, 200)
+    session = rows.column("session_id").to_numpy()
+    first = np.r_[True, session[1:] != session[:-1]]
+    context = np.cumsum(first) * 7 + rng.integers(0, 3, size=first.size) * first
+    context = np.maximum.accumulate(context)  # constant within a session
+    rows = rows.append_column("context", pa.array([[int(c)] for c in context]))
+    rows = rows.append_column("none", pa.array([[] for _ in context], pa.list_(pa.int64())))
+    features = ["history", "static", "context", "none"]
+    specs: list[dict[str, Any]] = [
+        {"kind": "hash_modulo", "features": ["history", "context"], "modulo": 13},
+        {"kind": "truncate_last", "features": ["history"], "n": 2},
+        {"kind": "truncate_last", "features": ["static"], "n": 1},
+    ]
+    ops = split_preprocessing(specs, features)[0]
+    cases: list[tuple[list[str], list[list[str]]]] = [
+        (["history"], [["static", "context", "none"]]),
+        (["history", "static", "context", "none"], []),
+        (["history", "static", "context"], [["context", "none", "static"]]),
+        ([], []),  # a plain unit
+    ]
+    for stored, groups in cases:
+        encoded = encode_row_group(rows, stored, groups=groups)
+        alone = [f for f in stored if not any(f in g for g in groups)]
+        for unit_ops in ({}, ops):
+            kwargs: dict[str, Any] = {"groups": groups, "path": "<test>", "ops": unit_ops}
+            expected = stacked_lists(stack_unit(encoded, features, alone, **kwargs))
+            for plain in (set(features), {"static", "none"}, {"history", "context"}):
+                unit = stack_unit(encoded, features, alone, plain=plain, **kwargs)
+                rest = stacked_lists(unit)
+                assert sorted(rest) == sorted(set(features) - plain)
+                for f in features:
+                    got = unit.column(f).to_pylist() if f in plain else rest[f]
+                    assert got == expected[f], (stored, groups, plain, f)
+                    if f in plain:
+                        assert unit.schema.field(f).type == pa.list_(pa.int64())
+            if unit_ops:  # the ops did something: hashed and capped lists
+                assert max(len(r) for r in expected["history"]) <= 2
+                assert max(len(r) for r in expected["static"]) == 1
+                assert all(x < 13 for r in expected["context"] for x in r)
