@@ -25,11 +25,15 @@ Beside it, each with the same rule:
   unclustered+KJT at 2048: two different jobs, reported for comparison only).
 
 Protocol: one process (``torch.set_num_threads(1)``, pyarrow CPU and IO pools of one thread),
-every config warmed up, then ``--reps`` repetitions; in each, every config makes whole passes
-over the whole table until they add up to ``--min-measure-s`` CPU seconds (default 2: a
-0.4 s pass alone varies by +-20% on a shared 2-core VM; one pass where a pass is longer),
-in an order drawn at random per repetition (seeded, recorded); a measurement's figures are
-per pass (the mean of its passes), and its number of passes is recorded. Figures
+every config warmed up, then ``--reps`` repetitions. A repetition runs in rounds: one whole
+pass over the whole table per config, in an order drawn at random per round (seeded,
+recorded), until every config's passes add up to ``--min-measure-s`` CPU seconds (default 2:
+a 0.4 s pass alone varies by +-20% on a shared 2-core VM). So every config's measurement
+spans the whole repetition, and a slow stretch of the machine falls on both sides of a ratio
+alike (``--interleave measurement``, the protocol before: each config's passes back to back,
+configs in a random order per repetition, so the two sides of a ratio ran up to a minute
+apart and the per-repetition ratios of the same code spread by up to +-20%). A measurement's
+figures are per pass (the mean of its passes), and its number of passes is recorded. Figures
 are medians over the repetitions; each ratio is the ratio of the medians, with the min-max of
 the per-repetition ratios (passes of one repetition are paired). Recorded with each figure:
 batch sizes, rows read of rows in the table, repetitions, threads, load average before and
@@ -430,6 +434,11 @@ def timed_measurement(reader: Reader, min_cpu_s: float) -> Pass:
     passes = [timed_pass(reader)]
     while sum(p.cpu_s for p in passes) < min_cpu_s:
         passes.append(timed_pass(reader))
+    return mean_pass(passes)
+
+
+def mean_pass(passes: list[Pass]) -> Pass:
+    """Several whole passes of one reader as one :class:`Pass` holding their mean."""
     if len({(p.rows, p.batches) for p in passes}) != 1:
         raise RuntimeError("two passes over the same table read different rows")
     k = len(passes)
@@ -546,8 +555,8 @@ def markdown(r: dict[str, Any]) -> str:
         f"{r['profile']}, {p['rows_read_per_pass']:,} rows read per pass of "
         f"{p['rows_in_table']:,} in the table ({p['window']}), batch {r['batch_size']} "
         f"(`*_large`: {r['recd_batch_size']}), one reader process (1 thread), "
-        f"{p['repetitions']} repetitions in random order per repetition (each: "
-        f"{p.get('measurement', 'one pass')}), medians "
+        f"{p['repetitions']} repetitions ({p.get('order', 'random order')}; each "
+        f"measurement: {p.get('measurement', 'one pass')}), medians "
         f"(min-max); malloc: {p.get('malloc', 'glibc defaults')}; load average {p['load_average_before'][0]:.1f} before, "
         f"{p['load_average_after'][0]:.1f} after, on {r['cpu_count']} CPUs.",
         "",
@@ -763,6 +772,9 @@ def build_readers(
     return readers
 
 
+INTERLEAVES = ("pass", "measurement")
+
+
 def measure(
     readers: dict[str, Reader],
     *,
@@ -770,22 +782,43 @@ def measure(
     warmup_batches: int,
     seed: int,
     min_measure_s: float = 0.0,
-) -> tuple[dict[str, list[Pass]], list[list[str]]]:
-    """``reps`` repetitions; in each, one measurement per reader (whole passes adding up to
-    ``min_measure_s`` CPU seconds) in an order drawn at random (seeded).
+    interleave: str = "pass",
+) -> tuple[dict[str, list[Pass]], list[list[list[str]]]]:
+    """``reps`` repetitions of one measurement per reader: whole passes adding up to
+    ``min_measure_s`` CPU seconds (at least one), in orders drawn at random (seeded).
 
-    Returns the passes per reader (index i: repetition i) and the order of each repetition.
+    ``interleave``: ``pass`` (the default) runs each repetition in rounds of one pass of
+    every reader, in a random order per round, until every reader has its CPU seconds: every
+    reader's measurement spans the whole repetition, so a slow stretch of a shared machine
+    falls on all of them alike. ``measurement`` (the protocol before) runs each reader's
+    passes back to back, readers in a random order per repetition: two readers of one
+    ratio ran up to a minute apart.
+
+    Returns the passes per reader (index i: repetition i) and, per repetition, the orders of
+    its rounds (``measurement``: one round).
     """
     for reader in readers.values():
         warm_up(reader, warmup_batches)
     passes: dict[str, list[Pass]] = {name: [] for name in readers}
-    orders: list[list[str]] = []
+    orders: list[list[list[str]]] = []
     rng = random.Random(seed)
     for rep in range(reps):
-        order = rng.sample(list(readers), k=len(readers))
-        orders.append(order)
-        for name in order:
-            p = timed_measurement(readers[name], min_measure_s)
+        if interleave == "measurement":
+            order = rng.sample(list(readers), k=len(readers))
+            orders.append([order])
+            done = {name: timed_measurement(readers[name], min_measure_s) for name in order}
+        else:
+            rounds: list[list[str]] = []
+            runs: dict[str, list[Pass]] = {name: [] for name in readers}
+            while not rounds or any(
+                sum(p.cpu_s for p in runs[name]) < min_measure_s for name in readers
+            ):
+                rounds.append(rng.sample(list(readers), k=len(readers)))
+                for name in rounds[-1]:
+                    runs[name].append(timed_pass(readers[name]))
+            orders.append(rounds)
+            done = {name: mean_pass(runs[name]) for name in readers}
+        for name, p in done.items():
             passes[name].append(p)
             print(
                 f"  rep {rep + 1}/{reps} {name:<22} {p.rows / p.cpu_s:>8,.0f} samples/CPU-s "
@@ -883,6 +916,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         warmup_batches=args.warmup_batches,
         seed=args.seed,
         min_measure_s=args.min_measure_s,
+        interleave=args.interleave,
     )
     load_after = os.getloadavg()
     configs = {name: summarise(p) for name, p in passes.items()}
@@ -900,9 +934,22 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         if window["end"] is None
         else f"partitions before {window['end']} ({window.get('partitions_left_out', 0)} left out)",
         "repetitions": args.reps,
-        "order": "every config once per repetition, in an order drawn at random per repetition",
-        "measurement": f"whole passes over the table until >= {args.min_measure_s} CPU-s "
-        "(at least one); figures per pass, the mean of its passes",
+        "interleave": args.interleave,
+        "order": (
+            "per repetition, rounds of one pass of every config, in an order drawn at random "
+            "per round, until every config has its CPU-s"
+            if args.interleave == "pass"
+            else "every config once per repetition, in an order drawn at random per repetition"
+        ),
+        "measurement": (
+            f"whole passes over the table until >= {args.min_measure_s} CPU-s (at least one)"
+            + (
+                ", interleaved pass by pass with every other config"
+                if args.interleave == "pass"
+                else ""
+            )
+            + "; figures per pass, the mean of its passes"
+        ),
         "passes_per_measurement": {
             name: [p.passes for p in config_passes] for name, config_passes in passes.items()
         },
@@ -1056,6 +1103,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--min-measure-s",
         type=float,
         help="CPU seconds of whole passes per measurement (default 2, quick 0: one pass)",
+    )
+    parser.add_argument(
+        "--interleave",
+        choices=INTERLEAVES,
+        default="pass",
+        help="pass (default): each repetition in rounds of one pass per config, random order "
+        "per round, until every config has --min-measure-s; measurement: each config's "
+        "passes back to back (the protocol before)",
     )
     parser.add_argument("--wire-batches", type=int, default=20, help="batches to pickle")
     parser.add_argument(
