@@ -70,6 +70,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -301,30 +302,51 @@ def encode_list(
     return new_offsets, new_values, new_offsets[1:] - lengths
 
 
-def range_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def range_index(
+    starts: np.ndarray, lengths: np.ndarray, *, ends: np.ndarray | None = None
+) -> np.ndarray:
     """Positions ``starts[r] .. starts[r] + lengths[r] - 1`` of every r, concatenated (int64).
 
     In a process that has loaded fbgemm (every reader: torchrec loads it) one call of its
     ``expand_into_jagged_permute`` kernel (2.5-3x faster than numpy on 16k rows of 13 ids);
-    elsewhere (the ETL, which never loads torch) :func:`range_index_numpy`."""
+    elsewhere (the ETL, which never loads torch) :func:`range_index_numpy`. ``ends``: the
+    lengths' int64 running sum from 0 (n + 1), if the caller has it. (An int32 index halves
+    the index's bytes, but ``np.take`` converts it back to int64: 7% slower in the reader.)"""
     if "fbgemm_gpu" in sys.modules and len(lengths):
-        return _range_index_fbgemm(starts, lengths)
+        return _range_index_fbgemm(starts, lengths, ends)
     return range_index_numpy(starts, lengths)
 
 
-def _range_index_fbgemm(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def _range_index_fbgemm(
+    starts: np.ndarray, lengths: np.ndarray, ends: np.ndarray | None
+) -> np.ndarray:
     import torch  # loaded already: fbgemm_gpu is
 
     n = len(lengths)
-    ends = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lengths, out=ends[1:])
+    if ends is None:
+        ends = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=ends[1:])
     first = np.empty(n + 1, dtype=np.int64)  # the kernel reads n + 1 input offsets
     first[:n] = starts
     first[n] = 0
     index = torch.ops.fbgemm.expand_into_jagged_permute(
-        torch.arange(n), torch.from_numpy(first), torch.from_numpy(ends), int(ends[-1])
+        _identity(n), torch.from_numpy(first), torch.from_numpy(ends), int(ends[-1])
     )
     return index.numpy()
+
+
+_IDENTITY: list[Any] = []
+"""``torch.arange`` of at least the longest permutation asked for so far (or nothing)."""
+
+
+def _identity(n: int) -> Any:
+    """The identity permutation of ``n``: a view of a kept ``torch.arange``."""
+    import torch
+
+    if not _IDENTITY or len(_IDENTITY[0]) < n:
+        size = max(n, 2 * len(_IDENTITY[0])) if _IDENTITY else n
+        _IDENTITY[:] = [torch.arange(size)]
+    return _IDENTITY[0][:n]
 
 
 def range_index_numpy(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

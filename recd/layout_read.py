@@ -268,7 +268,7 @@ def _gather_plain(
         s, m = (unit.starts[rows].reshape(-1), unit.lengths[rows].reshape(-1))
         ends = np.zeros(s.size + 1, dtype=np.int64)
         np.cumsum(m, out=ends[1:])
-        values = np.take(unit.buffer, range_index(s, m))
+        values = np.take(unit.buffer, range_index(s, m, ends=ends))
         for i, j in enumerate(rows):
             lo, hi = int(ends[i * n]), int(ends[(i + 1) * n])
             offsets = ends[i * n : (i + 1) * n + 1] - lo
@@ -305,18 +305,26 @@ def _gather_members(
         rank = unit.members[members[0]].rank
         starts = np.stack([unit.members[j].starts for j in members])  # (m, stored rows)
         index = starts if width == 1 else starts[:, :, None] + np.arange(width, dtype=np.int32)
-        values = np.take(buffer, index)[:, rank].reshape(len(members), -1)  # (m, n * w)
-        offsets = np.arange(n + 1, dtype=np.int64) * width
-        for i, j in enumerate(members):
+        values = np.take(np.take(buffer, index), rank, axis=1).reshape(len(members), -1)
+        offsets = _arrow_offsets(np.arange(n + 1, dtype=np.int64) * width, features[members[0]])
+        for i, j in enumerate(members):  # values: (m, n * w)
             out[j] = _list_column(offsets, values[i], features[j])
     return out
 
 
-def _list_column(offsets: np.ndarray, values: np.ndarray, feature: str) -> pa.Array:
-    """A ``list<int64>`` array from int64 ``offsets`` (from 0) and its ids."""
+def _list_column(offsets: np.ndarray | pa.Array, values: np.ndarray, feature: str) -> pa.Array:
+    """A ``list<int64>`` array from ``offsets`` (int64 from 0, or an int32 Arrow array made
+    by :func:`_arrow_offsets`) and its ids."""
+    if isinstance(offsets, np.ndarray):
+        offsets = _arrow_offsets(offsets, feature)
+    return pa.ListArray.from_arrays(offsets, pa.array(values))
+
+
+def _arrow_offsets(offsets: np.ndarray, feature: str) -> pa.Array:
+    """int64 list offsets (from 0) as Arrow's int32 ones."""
     if int(offsets[-1]) > np.iinfo(np.int32).max:
         raise SchemaError(f"{feature}: a row group holds more than 2**31 of its ids")
-    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
+    return pa.array(offsets.astype(np.int32))
 
 
 @dataclass(slots=True)
@@ -349,9 +357,10 @@ def _group_positions(
     flat = lengths.values.slice(
         int(length_offsets[0]), int(length_offsets[-1] - length_offsets[0])
     ).to_numpy(zero_copy_only=False)
-    appended = np.diff(id_offsets)
-    if not _group_is_sound(counts, stored, flat, appended, k):
-        row = _first_bad_group_row(counts, stored, flat, appended, k)
+    rows = np.flatnonzero(stored)
+    first = id_offsets[rows]  # where each stored row's ids start (and end: below)
+    if not _group_is_sound(counts, stored, flat, first, id_offsets[rows + 1] - first, hi - lo, k):
+        row = _first_bad_group_row(counts, stored, flat, np.diff(id_offsets), k)
         raise BadRowError(
             path,
             first_row + row,
@@ -361,17 +370,24 @@ def _group_positions(
         )
     member_lengths = flat.reshape(-1, k).T
     within = np.cumsum(member_lengths, axis=0, dtype=np.int32) - member_lengths  # exclusive
-    stored_starts = within + (id_offsets[:-1][stored] - lo).astype(np.int32)
+    stored_starts = within + (first - lo).astype(np.int32)
     rank = np.cumsum(stored) - 1
     return values, member_lengths, stored_starts, rank
 
 
 def _group_is_sound(
-    counts: np.ndarray, stored: np.ndarray, flat: np.ndarray, appended: np.ndarray, k: int
+    counts: np.ndarray,
+    stored: np.ndarray,
+    flat: np.ndarray,
+    first: np.ndarray,
+    appended: np.ndarray,
+    total: int,
+    k: int,
 ) -> bool:
     """Whole-array checks of one group's row group: every row stores k lengths or none, the
-    first row stores, no length is negative, a stored row's lengths add up to its ids and a
-    repeat has none."""
+    first row stores, no length is negative, a stored row's lengths add up to the ids it
+    ``appended`` and the stored rows' ids are all of the ``total`` (a repeat has none:
+    offsets never decrease)."""
     if flat.size != int(np.count_nonzero(counts)) * k or int(counts.max(initial=0)) > k:
         return False
     if counts.size and not stored[0]:
@@ -379,7 +395,7 @@ def _group_is_sound(
     if flat.size and int(flat.min()) < 0:
         return False
     sums = flat.reshape(-1, k).sum(axis=1, dtype=np.int64)
-    return bool(np.array_equal(sums, appended[stored]) and not appended[~stored].any())
+    return bool(np.array_equal(sums, appended) and int(appended.sum()) == total)
 
 
 def _first_bad_group_row(

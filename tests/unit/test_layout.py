@@ -292,3 +292,7 @@ def test_the_fbgemm_and_numpy_range_indices_agree() -> None:
         got = range_index(starts, lengths)
         assert got.dtype == np.int64 and np.array_equal(got, expected)
         assert expected.size == int(lengths.sum())
+    starts = np.array([2**31 - 2, 5], dtype=np.int64)  # positions past int32
+    lengths = np.array([3, 2], dtype=np.int64)
+    got = range_index(starts, lengths)
+    assert got.dtype == np.int64 and got.tolist() == [2**31 - 2, 2**31 - 1, 2**31, 5, 6]
