@@ -806,27 +806,33 @@ def measure(
         if interleave == "measurement":
             order = rng.sample(list(readers), k=len(readers))
             orders.append([order])
-            done = {name: timed_measurement(readers[name], min_measure_s) for name in order}
-        else:
-            rounds: list[list[str]] = []
-            runs: dict[str, list[Pass]] = {name: [] for name in readers}
-            while not rounds or any(
-                sum(p.cpu_s for p in runs[name]) < min_measure_s for name in readers
-            ):
-                rounds.append(rng.sample(list(readers), k=len(readers)))
-                for name in rounds[-1]:
-                    runs[name].append(timed_pass(readers[name]))
-            orders.append(rounds)
-            done = {name: mean_pass(runs[name]) for name in readers}
-        for name, p in done.items():
-            passes[name].append(p)
-            print(
-                f"  rep {rep + 1}/{reps} {name:<22} {p.rows / p.cpu_s:>8,.0f} samples/CPU-s "
-                f"{p.rows / p.wall_s:>8,.0f} samples/s (fill {p.fill_s:.2f} s, convert "
-                f"{p.convert_s:.2f} s, process {p.process_s:.2f} s per pass, {p.passes} pass(es))",
-                flush=True,
-            )
+            for name in order:
+                passes[name].append(timed_measurement(readers[name], min_measure_s))
+                _report(rep, reps, name, passes[name][-1])
+            continue
+        rounds: list[list[str]] = []
+        runs: dict[str, list[Pass]] = {name: [] for name in readers}
+        while not rounds or any(
+            sum(p.cpu_s for p in runs[name]) < min_measure_s for name in readers
+        ):
+            rounds.append(rng.sample(list(readers), k=len(readers)))
+            for name in rounds[-1]:
+                runs[name].append(timed_pass(readers[name]))
+            print(f"  rep {rep + 1}/{reps}: round {len(rounds)} done", flush=True)
+        orders.append(rounds)
+        for name in readers:
+            passes[name].append(mean_pass(runs[name]))
+            _report(rep, reps, name, passes[name][-1])
     return passes, orders
+
+
+def _report(rep: int, reps: int, name: str, p: Pass) -> None:
+    print(
+        f"  rep {rep + 1}/{reps} {name:<22} {p.rows / p.cpu_s:>8,.0f} samples/CPU-s "
+        f"{p.rows / p.wall_s:>8,.0f} samples/s (fill {p.fill_s:.2f} s, convert "
+        f"{p.convert_s:.2f} s, process {p.process_s:.2f} s per pass, {p.passes} pass(es))",
+        flush=True,
+    )
 
 
 def analyses_per_job(
