@@ -273,18 +273,18 @@ def _gather_plain(
             lo, hi = int(ends[i * n]), int(ends[(i + 1) * n])
             offsets = ends[i * n : (i + 1) * n + 1] - lo
             out[j] = _list_column(offsets, values[lo:hi], features[j])
-    out.update(_gather_members(unit.buffer, [j for j in keys if j in unit.members], unit, features))
+    out.update(_gather_members(unit, [j for j in keys if j in unit.members], features))
     return [out[j] for j in keys]
 
 
 def _gather_members(
-    buffer: np.ndarray, keys: Sequence[int], unit: _UnitPositions, features: Sequence[str]
+    unit: _UnitPositions, keys: Sequence[int], features: Sequence[str]
 ) -> dict[int, pa.Array]:
     """The plain columns of group members kept per stored row (:func:`_gather_plain`).
     Members of one group whose stored lists all have the same length w (a user or context
     feature: w = 1) are taken together: their (members, stored rows, w) ids, one take by
     rank; any other member alone, through an index."""
-    n = unit.starts.shape[1]
+    buffer, n = unit.buffer, unit.starts.shape[1]
     out: dict[int, pa.Array] = {}
     together: dict[tuple[int, int], list[int]] = {}  # (group's rank, w) -> members
     for j in keys:
@@ -322,9 +322,12 @@ def _list_column(offsets: np.ndarray | pa.Array, values: np.ndarray, feature: st
 
 def _arrow_offsets(offsets: np.ndarray, feature: str) -> pa.Array:
     """int64 list offsets (from 0) as Arrow's int32 ones."""
-    if int(offsets[-1]) > np.iinfo(np.int32).max:
+    if int(offsets[-1]) > _INT32_MAX:
         raise SchemaError(f"{feature}: a row group holds more than 2**31 of its ids")
     return pa.array(offsets.astype(np.int32))
+
+
+_INT32_MAX = 2**31 - 1
 
 
 @dataclass(slots=True)
@@ -359,7 +362,7 @@ def _group_positions(
     ).to_numpy(zero_copy_only=False)
     rows = np.flatnonzero(stored)
     first = id_offsets[rows]  # where each stored row's ids start (and end: below)
-    if not _group_is_sound(counts, stored, flat, first, id_offsets[rows + 1] - first, hi - lo, k):
+    if not _group_is_sound(counts, stored, flat, id_offsets[rows + 1] - first, hi - lo, k):
         row = _first_bad_group_row(counts, stored, flat, np.diff(id_offsets), k)
         raise BadRowError(
             path,
@@ -379,7 +382,6 @@ def _group_is_sound(
     counts: np.ndarray,
     stored: np.ndarray,
     flat: np.ndarray,
-    first: np.ndarray,
     appended: np.ndarray,
     total: int,
     k: int,
