@@ -646,12 +646,9 @@ def expand_stacked(table: pa.Table, keep: Collection[str]) -> pa.Table:
     out = table.select([c for c in range(table.num_columns) if c not in range(i, i + 3)])
     for k, feature in enumerate(expand):
         lo, hi = int(ends[k * n]), int(ends[(k + 1) * n])
-        offsets = ends[k * n : (k + 1) * n + 1] - lo  # each feature's ids alone: int32 as plain
-        if hi - lo > np.iinfo(np.int32).max:
-            raise SchemaError(f"{feature}: a row group holds more than 2**31 of its ids")
+        offsets = ends[k * n : (k + 1) * n + 1] - lo  # each feature's ids alone
         out = out.append_column(
-            pa.field(feature, SPARSE_LIST),
-            pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values[lo:hi])),
+            pa.field(feature, SPARSE_LIST), _list_column(offsets, values[lo:hi], feature)
         )
     if not kept:
         return out
