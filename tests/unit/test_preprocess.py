@@ -68,6 +68,52 @@ def test_dedup_preprocessing_equals_preprocessing_the_expanded_kjt(ikjt: IKJT, n
     assert kjt_equal(SCRIPTED[name](ikjt.to_kjt()), expected)
 
 
+@settings(max_examples=120, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=6), max_size=4),
+        min_size=1,
+        max_size=5,
+    ),
+    st.lists(st.sampled_from([0, 1, 3, 7, 2**40]), min_size=5, max_size=5),
+    st.lists(st.sampled_from([-1, 0, 1, 2, 5]), min_size=5, max_size=5),
+)
+def test_sparse_modules_equal_a_row_by_row_reference(
+    per_key: list[list[list[int]]], sizes: list[int], caps: list[int]
+) -> None:
+    """Each key's rows (keys of one table size in runs, untouched keys among them, empty
+    rows, caps of 0): ``id mod size`` and "the last cap ids", row by row in Python."""
+    b = max(len(rows) for rows in per_key)
+    rows = [r + [[]] * (b - len(r)) for r in per_key]
+    keys = [f"k{j}" for j in range(len(rows))]
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=keys,
+        values=torch.tensor([v for r in rows for row in r for v in row], dtype=torch.int64),
+        lengths=torch.tensor([len(row) for r in rows for row in r], dtype=torch.int32),
+        stride=b,
+    )
+    table_sizes = {k: m for k, m in zip(keys, sizes, strict=False) if m > 0}
+    max_lengths = {k: c for k, c in zip(keys, caps, strict=False) if c >= 0}
+    hashed = [
+        [[v % table_sizes[k] for v in row] if k in table_sizes else row for row in r]
+        for k, r in zip(keys, rows, strict=True)
+    ]
+    truncated = [
+        [row[max(len(row) - max_lengths[k], 0) :] if k in max_lengths else row for row in r]
+        for k, r in zip(keys, rows, strict=True)
+    ]
+    for module, expected in (
+        (HashModulo(table_sizes), hashed),
+        (TruncateLast(max_lengths), truncated),
+    ):
+        for run in (module, torch.jit.script(module)):
+            out = run(kjt)
+            assert out.keys() == keys and out.stride() == b
+            assert out.lengths().dtype == torch.int32
+            got = [[t.tolist() for t in out[k].to_dense()] for k in keys]
+            assert got == expected
+
+
 def test_hash_modulo_golden() -> None:
     kjt = KeyedJaggedTensor.from_lengths_sync(
         keys=["a", "b"], values=torch.tensor([7, -1, 12, 9, 5]), lengths=torch.tensor([2, 1, 2, 0])
