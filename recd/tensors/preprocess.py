@@ -83,7 +83,7 @@ class HashModulo(nn.Module):
         values = kjt.values()
         counts = kjt.length_per_key()
         # One scalar remainder per run of consecutive keys sharing a table size (usually a
-        # single run): a tensor modulus per id costs about 2.5x as much.
+        # single run): a tensor modulus per id cost over twice as much.
         hashed = torch.empty_like(values)
         lo = 0
         i = 0
@@ -140,6 +140,8 @@ class TruncateLast(nn.Module):
             output_size=lengths.numel(),
         )
         kept = torch.where(cap_per_row >= 0, torch.minimum(lengths64, cap_per_row), lengths64)
+        if bool(torch.equal(kept, lengths64)):  # no row over its cap: nothing to gather
+            return kjt
         # The kept ids, gathered: kept id p of row r sits at (r's new offset + shift[r]) in
         # the input, shift[r] = r's end in the input - its kept length - its new offset.
         new_offsets = torch.zeros(kept.numel() + 1, dtype=torch.int64, device=device)
