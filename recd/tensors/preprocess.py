@@ -140,7 +140,7 @@ class TruncateLast(nn.Module):
             output_size=lengths.numel(),
         )
         kept = torch.where(cap_per_row >= 0, torch.minimum(lengths64, cap_per_row), lengths64)
-        if bool(torch.equal(kept, lengths64)):  # no row over its cap: nothing to gather
+        if torch.equal(kept, lengths64):  # no row over its cap: nothing to gather
             return kjt
         # The kept ids, gathered: kept id p of row r sits at (r's new offset + shift[r]) in
         # the input, shift[r] = r's end in the input - its kept length - its new offset.
