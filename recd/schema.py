@@ -35,7 +35,7 @@ TS = "ts"
 RESERVED_COLUMNS = (SESSION_ID, REQUEST_ID, TS)
 # Key under which a table's catalogue is stored in Parquet / Arrow schema metadata.
 CATALOGUE_METADATA_KEY = b"recd.catalogue"
-PROFILE_NAMES = ("tiny", "small", "rm1-like", "clickstream")
+PROFILE_NAMES = ("tiny", "small", "rm1-like", "clickstream", "impressions")
 
 
 class SparseKind(StrEnum):
@@ -43,7 +43,17 @@ class SparseKind(StrEnum):
 
     STATIC = "static"  # per-user value, constant within a session (d ~ 1)
     HISTORY = "history"  # sequence that grows by appending new ids (d = P(no new event))
-    ITEM = "item"  # per-item: differs on every row (d ~ 0)
+    ITEM = "item"  # per-item: differs on every row (d ~ 0); per candidate in impression logs
+
+
+class DenseKind(StrEnum):
+    """What a dense feature belongs to. In a log of one row per request the three coincide
+    but for ``position``; in an impression log (``SessionModel.candidates_per_request`` > 1)
+    a request's candidate rows share its ``request`` values."""
+
+    REQUEST = "request"  # per request (user / context): unchanged_prob from its previous one
+    CANDIDATE = "candidate"  # per candidate row: a fresh value on every row (price)
+    POSITION = "position"  # the candidate's 0-based place in its request's list
 
 
 @dataclass(kw_only=True, slots=True)
@@ -99,8 +109,17 @@ class DenseFeature:
     """Probability that the value is unchanged from the session's previous row."""
     scale: float = 1.0
     """Generated values are log-normal with this scale (counts, durations, prices...)."""
+    kind: DenseKind = DenseKind.REQUEST
+    """``request``, ``candidate`` or ``position`` (see :class:`DenseKind`)."""
 
     def __post_init__(self) -> None:
+        try:
+            self.kind = DenseKind(self.kind)
+        except ValueError as exc:
+            choices = ", ".join(k.value for k in DenseKind)
+            raise ConfigError(
+                f"dense feature {self.name!r}: kind must be one of {choices}, got {self.kind!r}"
+            ) from exc
         if not 0.0 <= self.unchanged_prob <= 1.0:
             raise ConfigError(
                 f"dense feature {self.name!r}: unchanged_prob must be in [0, 1], got {self.unchanged_prob}"
@@ -114,11 +133,20 @@ class SessionModel:
     num_sessions: int = 1000
     """Number of user sessions to generate."""
     mean_samples: float = 8.0
-    """S: mean samples (requests) per session; the distribution is heavy-tailed."""
+    """S: mean samples (rows) per session; the distribution is heavy-tailed. In an impression
+    log a session holds ``mean_samples / candidates_per_request`` requests on average."""
     tail_shape: float = 1.8
-    """Pareto shape of samples per session (smaller: heavier tail; must be > 1)."""
+    """Pareto shape of requests per session (smaller: heavier tail; must be > 1)."""
     max_samples: int = 2000
-    """Cap on samples of one session."""
+    """Cap on samples of one session (impression logs: on its requests x max_candidates)."""
+    candidates_per_request: float = 1.0
+    """Impression logs: mean candidate rows per request. One request scores several candidate
+    items; its rows share ``request_id``, ``ts`` and every request-level feature (static and
+    history sparse features, ``request`` dense features) and differ in the candidate-level
+    ones (``item`` sparse features, ``candidate`` and ``position`` dense features). 1: one
+    row per request."""
+    max_candidates: int = 1
+    """Impression logs: the longest candidate list (most requests show a full list)."""
     servers: int = 8
     """Inference servers that log requests; their buffers interleave sessions in time."""
     start: str = "2026-11-01T00:00:00"
@@ -141,6 +169,19 @@ class SessionModel:
             raise ConfigError(f"sessions.duration_s must be >= 1, got {self.duration_s}")
         if not 0.0 < self.label_rate < 1.0:
             raise ConfigError(f"sessions.label_rate must be in (0, 1), got {self.label_rate}")
+        if self.max_candidates < 1:
+            raise ConfigError(f"sessions.max_candidates must be >= 1, got {self.max_candidates}")
+        if not 1.0 <= self.candidates_per_request <= self.max_candidates:
+            raise ConfigError(
+                f"sessions.candidates_per_request must be in [1, max_candidates = "
+                f"{self.max_candidates}], got {self.candidates_per_request}"
+            )
+        if self.mean_samples < self.candidates_per_request:
+            raise ConfigError(
+                f"sessions.mean_samples ({self.mean_samples}) must be >= "
+                f"candidates_per_request ({self.candidates_per_request}): at least one "
+                "request per session"
+            )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -243,7 +284,7 @@ class Catalogue:
 
 
 def load_catalogue(name_or_path: str | Path) -> Catalogue:
-    """Load a catalogue from a TOML file, or a built-in profile by name (tiny, small, rm1-like, clickstream)."""
+    """Load a catalogue from a TOML file, or a built-in profile by name (``PROFILE_NAMES``)."""
     text: str
     source = str(name_or_path)
     path = Path(name_or_path)

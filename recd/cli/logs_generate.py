@@ -16,12 +16,16 @@ inference servers that flush their buffers periodically, so the log interleaves 
 is only roughly time-ordered, like a real log bus. Per sparse feature the catalogue sets the
 mean length l(f), the probability d(f) of being unchanged from the session's previous row
 and Zipf ids over a cardinality; samples per session are heavy-tailed with mean S.
+An impression log (sessions.candidates_per_request > 1, profile impressions) writes one row
+per candidate item a request scored: the rows of a request share its id, time and request
+features, differ in the candidate's item, price and position, and at most one is clicked.
 The same catalogue, seed and size always give byte-identical files."""
 
 EPILOG = """\
 examples:
   recd logs generate --profile small --out runs/raw
   recd logs generate --profile rm1-like --rows 1000000 --seed 7 --out runs/raw-rm1
+  recd logs generate --profile impressions --out runs/raw-impressions
   recd logs generate --catalogue my_features.toml --sessions 5000 --out runs/raw-mine"""
 
 
@@ -38,7 +42,8 @@ def register(verbs: argparse._SubParsersAction) -> None:
         "--profile",
         choices=PROFILE_NAMES,
         help="built-in feature catalogue: tiny (tests), small (make run), rm1-like (paper-like), "
-        "clickstream (the shape of a real session log: few, short features)",
+        "clickstream (the shape of a real session log: few, short features), impressions "
+        "(an impression log: one row per candidate item of a request, at most one click)",
     )
     source.add_argument(
         "--catalogue",

@@ -44,7 +44,9 @@ Sparse features (one ``list<int64>`` per row)
 
 Dense features (float32)
     Log-normal around ``scale`` (``scale * exp(N(0, 1))``), unchanged from the session's
-    previous row with probability ``unchanged_prob``.
+    previous row with probability ``unchanged_prob`` (kind ``request``); kind ``candidate``
+    draws a fresh value on every row, kind ``position`` is the row's 0-based place in its
+    request's candidate list (0 with one row per request).
 
 Labels
     Bernoulli with a logistic model so that a model has something to learn (AUC > 0.5):
@@ -52,7 +54,23 @@ Labels
     row's first id of the first ``item`` feature (``1 - log(1 + rank) / log(cardinality)``,
     1 for the most popular id) and depth is the length of the first ``history`` feature over
     its ``max_length``. The intercept b is solved per chunk so the mean rate is ``label_rate``.
-    Every label column is drawn independently from the same probabilities.
+    Every label column is drawn independently from the same probabilities. Impression logs
+    draw at most one click per request instead (below).
+
+Impression logs (``candidates_per_request`` C > 1)
+    A request (one inference call) scores a list of candidate items, one row each. Sessions
+    are planned in requests (Lomax mean S / C, cap ``max_samples // max_candidates``) and
+    everything above happens per request; then each request gets its candidate count (a full
+    list of ``max_candidates`` with probability p, else uniform on the shorter lengths, p
+    solved so that the mean is C) and is exploded into that many consecutive rows sharing
+    its ``request_id``, ts, server, static and history lists and ``request`` dense values.
+    ``item`` sparse features (``unchanged_prob`` unused) and ``candidate`` dense features are
+    fresh on every candidate row; a candidate's item list never repeats the previous
+    candidate's. Labels: per candidate ``logit = 3 * (pop - 1/2) - 3 * position /
+    max_candidates + 1 * (depth - 1/2)``, and the click is the argmax of logit + Gumbel noise
+    over the request's candidates and a "no click" option whose logit is solved per chunk so
+    the click rate per row is ``label_rate`` (at most 1 / C): one click per request at most,
+    earlier and more popular candidates clicked more often.
 
 Inference servers and the log bus (arrival order)
     Each request is handled by one of ``servers`` servers chosen uniformly at random. A server
@@ -93,7 +111,7 @@ import pyarrow as pa
 from recd.errors import ConfigError
 from recd.logs.rawlog import CATALOGUE_FILE, RawLogWriter, list_segments
 from recd.progress import progress_bar
-from recd.schema import Catalogue, SessionModel, SparseFeature, SparseKind
+from recd.schema import Catalogue, DenseKind, SessionModel, SparseFeature, SparseKind
 
 FLUSH_INTERVAL_S = 10.0
 """Default period at which an inference server flushes its log buffer."""
@@ -111,6 +129,8 @@ DENSE_SIGMA = 1.0
 """Log-normal sigma of dense features."""
 LABEL_POPULARITY_WEIGHT = 3.0
 LABEL_DEPTH_WEIGHT = 1.0
+LABEL_POSITION_WEIGHT = 3.0
+"""Impression logs: the logit falls by this much from the first to past the last position."""
 
 _log = logging.getLogger(__name__)
 _INT32_MAX = 2**31 - 1
@@ -125,7 +145,7 @@ class GenerateReport:
     """What one ``generate_logs`` call wrote."""
 
     rows: int
-    """Rows written (all sessions, all samples)."""
+    """Rows written (all sessions, all samples; candidate rows in an impression log)."""
     sessions: int
     """Sessions generated."""
     segments: int
@@ -228,12 +248,15 @@ def _prepare_out_dir(out_dir: Path, *, overwrite: bool) -> None:
 
 @dataclass(slots=True)
 class _SessionPlan:
-    """All sessions of a run, sorted by start time (small: a few arrays of num_sessions)."""
+    """All sessions of a run, sorted by start time (small: a few arrays of num_sessions, plus
+    one count per request in an impression log)."""
 
     window_start_ms: int
     starts_ms: np.ndarray  # (N,) int64, relative to the window start, sorted
-    sizes: np.ndarray  # (N,) int64 samples per session
+    sizes: np.ndarray  # (N,) int64 requests per session (= rows unless an impression log)
+    request_offsets: np.ndarray  # (N + 1,) int64 global request number of each session's first
     row_offsets: np.ndarray  # (N + 1,) int64 global row number of each session's first row
+    candidates: np.ndarray | None  # (Q,) int64 candidate rows per request; None: one row each
     session_ids: np.ndarray  # (N,) int64
     request_base: int
     server_phase_ms: np.ndarray  # (servers,) int64
@@ -241,31 +264,92 @@ class _SessionPlan:
 
 
 def _plan_sessions(model: SessionModel, n_sessions: int, seed: int) -> _SessionPlan:
-    if model.mean_samples > model.max_samples:
-        raise ConfigError(
-            f"sessions.mean_samples ({model.mean_samples}) must be <= sessions.max_samples "
-            f"({model.max_samples})"
-        )
+    impressions = is_impression_log(model)
+    if impressions:
+        mean = model.mean_samples / model.candidates_per_request
+        cap = max(1, model.max_samples // model.max_candidates)
+        if mean > cap:
+            raise ConfigError(
+                f"sessions.mean_samples / candidates_per_request ({mean:g} requests) must be "
+                f"<= sessions.max_samples // max_candidates ({cap} requests)"
+            )
+        _check_label_rate(model)
+    else:
+        mean, cap = model.mean_samples, model.max_samples
+        if mean > cap:
+            raise ConfigError(
+                f"sessions.mean_samples ({model.mean_samples}) must be <= sessions.max_samples "
+                f"({model.max_samples})"
+            )
     if model.servers < 1:
         raise ConfigError(f"sessions.servers must be >= 1, got {model.servers}")
     rng = np.random.default_rng([seed, 0])
-    scale = solve_lomax_scale(model.mean_samples, model.tail_shape, model.max_samples)
+    scale = solve_lomax_scale(mean, model.tail_shape, cap)
     u = (rng.permutation(n_sessions) + rng.random(n_sessions)) / n_sessions
-    sizes = lomax_sizes(u, model.tail_shape, scale, model.max_samples)
+    sizes = lomax_sizes(u, model.tail_shape, scale, cap)
     starts = np.sort(rng.integers(0, model.duration_s * 1000, size=n_sessions, dtype=np.int64))
-    row_offsets = np.zeros(n_sessions + 1, dtype=np.int64)
-    np.cumsum(sizes, out=row_offsets[1:])
+    request_offsets = np.zeros(n_sessions + 1, dtype=np.int64)
+    np.cumsum(sizes, out=request_offsets[1:])
+    row_offsets, candidates = request_offsets, None
+    if impressions:
+        candidates = candidate_counts(
+            np.random.default_rng([seed, 3]).random(int(request_offsets[-1])),
+            model.candidates_per_request,
+            model.max_candidates,
+        )
+        rows_before = np.concatenate([[0], np.cumsum(candidates)])
+        row_offsets = rows_before[request_offsets]
     session_base, request_base, delay_salt = (int(x) for x in rng.integers(0, _INT64_MAX, 3))
     return _SessionPlan(
         window_start_ms=_window_start_ms(model),
         starts_ms=starts,
         sizes=sizes,
+        request_offsets=request_offsets,
         row_offsets=row_offsets,
+        candidates=candidates,
         session_ids=mix63(np.arange(n_sessions, dtype=np.uint64) + np.uint64(session_base)),
         request_base=request_base,
         server_phase_ms=rng.integers(0, 1 << 62, size=model.servers, dtype=np.int64),
         delay_salt=delay_salt,
     )
+
+
+def is_impression_log(model: SessionModel) -> bool:
+    """Whether requests score several candidates (one row per candidate, see the docstring)."""
+    return model.candidates_per_request > 1.0
+
+
+def candidate_counts(u: np.ndarray, mean: float, cap: int) -> np.ndarray:
+    """Candidates per request at uniforms ``u`` (Q,): a full list of ``cap`` with probability
+    p, else uniform on 1..cap-1 (mean cap / 2), with p = 2 * mean / cap - 1 so E[C] == mean.
+
+    A mean below cap / 2 cannot be met that way; then the short lists are a mixture: uniform
+    on 1..cap-1 with probability q = (mean - 1) / (cap / 2 - 1), else a single candidate.
+    """
+    if not 1.0 <= mean <= cap:
+        raise ConfigError(
+            f"sessions.candidates_per_request must be in [1, max_candidates = {cap}], got {mean}"
+        )
+    if cap == 1:
+        return np.ones(len(u), dtype=np.int64)
+    full = max(0.0, 2.0 * mean / cap - 1.0)
+    short = 1.0 if mean >= cap / 2 else (mean - 1.0) / (cap / 2 - 1.0)
+    counts = np.ones(len(u), dtype=np.int64)
+    counts[u >= 1.0 - full] = cap
+    # the lowest ``short * (1 - full)`` quantiles spread uniformly over 1..cap-1
+    spread = u < short * (1.0 - full)
+    counts[spread] = 1 + np.floor(u[spread] / (short * (1.0 - full)) * (cap - 1)).astype(np.int64)
+    return np.minimum(counts, cap)
+
+
+def _check_label_rate(model: SessionModel) -> None:
+    """At most one click per request: label_rate (clicks per row) <= 1 / candidates_per_request."""
+    most = 1.0 / model.candidates_per_request
+    if model.label_rate > most:
+        raise ConfigError(
+            f"sessions.label_rate ({model.label_rate}) must be <= 1 / candidates_per_request = "
+            f"{most:.4g} in an impression log (at most one click per request)"
+        )
 
 
 def solve_lomax_scale(mean: float, shape: float, cap: int) -> float:
@@ -713,55 +797,97 @@ class _Generator:
         return [*sorted(set(cuts)), horizon]
 
     def _build_chunk(self, lo: int, hi: int, rng: np.random.Generator) -> _Pending:
-        """Rows of sessions [lo, hi), in arrival order (history columns left unexpanded)."""
+        """Rows of sessions [lo, hi), in arrival order (history columns left unexpanded).
+
+        Everything per request is drawn for the chunk's Q requests in session-major order;
+        ``rep`` (R,) maps each output row to its request, so request-level columns are gathers
+        ``x[rep]`` and a request's candidate rows come out consecutive. With one row per
+        request ``rep`` is the arrival permutation itself.
+        """
         plan, model = self.plan, self.catalogue.sessions
         rows = _Rows.of(plan.sizes[lo:hi])
         n, sess, first = rows.n, rows.sess, rows.first
-        row_numbers = plan.row_offsets[lo] + np.arange(n, dtype=np.int64)
+        requests = plan.request_offsets[lo] + np.arange(n, dtype=np.int64)
 
         gap_scale = max(0.0, model.mean_gap_s * 1000.0 - 0.5)
         gaps = 1 + np.floor(rng.exponential(gap_scale, size=n)).astype(np.int64)
         gaps[first] = 0
         ts = plan.starts_ms[lo:hi][sess] + rows.segmented_cumsum(gaps)
         server = rng.integers(0, model.servers, size=n, dtype=np.int64)
-        keys = _Keys(self._arrival(ts, server), server, ts, row_numbers)
-        perm = keys.order()  # output row i is session-major row perm[i]
+        counts: np.ndarray | None = None  # (Q,) candidates per request, in arrival order
+        position: np.ndarray | None = None  # (R,) a row's place in its request's list
+        if plan.candidates is None:
+            keys = _Keys(self._arrival(ts, server), server, ts, requests)
+            perm = keys.order()  # output row i is session-major row perm[i]
+            rep, out_keys = perm, keys.take(perm)
+        else:
+            session_major_counts = plan.candidates[requests]
+            row_start = plan.row_offsets[lo] + np.cumsum(session_major_counts)
+            row_start -= session_major_counts
+            keys = _Keys(self._arrival(ts, server), server, ts, row_start)
+            perm = keys.order()
+            counts = session_major_counts[perm]
+            rep = np.repeat(perm, counts)
+            position = np.arange(len(rep), dtype=np.int64) - np.repeat(
+                np.cumsum(counts) - counts, counts
+            )
+            out_keys = _Keys(keys.arrival[rep], server[rep], ts[rep], row_start[rep] + position)
+        n_out = len(rep)
 
         columns: dict[str, pa.Array | pa.ChunkedArray] = {
-            "session_id": pa.array(plan.session_ids[lo:hi][sess[perm]]),
+            "session_id": pa.array(plan.session_ids[lo:hi][sess[rep]]),
             "request_id": pa.array(
-                mix63(row_numbers[perm].astype(np.uint64) + np.uint64(plan.request_base))
+                mix63(requests[rep].astype(np.uint64) + np.uint64(plan.request_base))
             ),
-            "ts": pa.array(ts[perm] + plan.window_start_ms),
+            "ts": pa.array(ts[rep] + plan.window_start_ms),
         }
         for f in self.catalogue.dense:
-            change = rows.change_mask(rng, f.unchanged_prob)
-            event = np.cumsum(change) - 1
-            values = f.scale * np.exp(DENSE_SIGMA * rng.standard_normal(int(event[-1]) + 1))
-            columns[f.name] = pa.array(values.astype(np.float32)[event[perm]])
-        popularity = np.full(n, 0.5)
+            if f.kind is DenseKind.POSITION:
+                at = position if position is not None else np.zeros(n_out, dtype=np.int64)
+                columns[f.name] = pa.array(at.astype(np.float32))
+            elif f.kind is DenseKind.CANDIDATE:
+                values = f.scale * np.exp(DENSE_SIGMA * rng.standard_normal(n_out))
+                columns[f.name] = pa.array(values.astype(np.float32))
+            else:
+                change = rows.change_mask(rng, f.unchanged_prob)
+                event = np.cumsum(change) - 1
+                values = f.scale * np.exp(DENSE_SIGMA * rng.standard_normal(int(event[-1]) + 1))
+                columns[f.name] = pa.array(values.astype(np.float32)[event[rep]])
+        popularity = np.full(n_out if counts is not None else n, 0.5)
         depth = np.full(n, 0.5)
         lazy: list[_LazyLists] = []
         for group in self.groups:
             if group.leader.kind is SparseKind.HISTORY:
-                lists, lengths = _history_lists(group, rows, perm, rng)
+                lists, lengths = _history_lists(group, rows, rep, rng)
                 lazy.append(lists)
                 if group is self.label_history:
                     depth = np.minimum(1.0, lengths / group.leader.max_length)
+                continue
+            if group.leader.kind is SparseKind.ITEM and counts is not None:
+                fresh, first_ranks = _candidate_lists(group, counts, rng)
             else:
-                fresh, first_ranks = _fresh_lists(group, rows, perm, rng)
-                columns.update(fresh)
-                if group is self.label_item:
-                    scale = math.log(group.leader.cardinality + 1)
-                    popularity = 1.0 - np.log1p(first_ranks) / scale
-        logit = LABEL_POPULARITY_WEIGHT * (popularity - 0.5) + LABEL_DEPTH_WEIGHT * (depth - 0.5)
-        prob = _sigmoid(logit + _solve_intercept(logit, model.label_rate))[perm]
-        for name in self.catalogue.labels:
-            columns[name] = pa.array((rng.random(n) < prob).astype(np.float32))
+                fresh, first_ranks = _fresh_lists(group, rows, rep, rng)
+            columns.update(fresh)
+            if group is self.label_item:
+                scale = math.log(group.leader.cardinality + 1)
+                popularity = 1.0 - np.log1p(first_ranks) / scale
+        if counts is None or position is None:  # one row per request: Bernoulli labels
+            logit = LABEL_POPULARITY_WEIGHT * (popularity - 0.5)
+            logit += LABEL_DEPTH_WEIGHT * (depth - 0.5)
+            prob = _sigmoid(logit + _solve_intercept(logit, model.label_rate))[perm]
+            for name in self.catalogue.labels:
+                columns[name] = pa.array((rng.random(n) < prob).astype(np.float32))
+        else:
+            logit = LABEL_POPULARITY_WEIGHT * (popularity - 0.5)
+            logit -= LABEL_POSITION_WEIGHT * position / model.max_candidates
+            logit += LABEL_DEPTH_WEIGHT * (depth[rep] - 0.5)
+            clicks = _click_labels(logit, counts, model.label_rate, len(self.catalogue.labels), rng)
+            for name, label in zip(self.catalogue.labels, clicks, strict=True):
+                columns[name] = pa.array(label)
         eager = pa.Table.from_arrays(
             [columns[f.name] for f in self.eager_schema], schema=self.eager_schema
         )
-        return _Pending(keys.take(perm), eager, lazy, n)
+        return _Pending(out_keys, eager, lazy, n_out)
 
     def _arrival(self, ts: np.ndarray, server: np.ndarray) -> np.ndarray:
         """When each row lands on the log bus: its server's next flush plus a delivery delay."""
@@ -775,32 +901,77 @@ class _Generator:
 
 
 def _fresh_lists(
-    group: _SparseGroup, rows: _Rows, perm: np.ndarray, rng: np.random.Generator
+    group: _SparseGroup, rows: _Rows, rep: np.ndarray, rng: np.random.Generator
 ) -> tuple[dict[str, pa.Array | pa.ChunkedArray], np.ndarray]:
     """Static / item features: a fresh list on every change row, shared by the group.
 
-    Returns the list columns (rows in ``perm`` order) and, per session-major row, the Zipf
-    rank of the leader's first id (the cardinality when the list is empty), for the labels.
+    Returns the list columns (output row i carries session-major row ``rep[i]``'s list) and,
+    per session-major row, the Zipf rank of the leader's first id (the cardinality when the
+    list is empty), for the labels.
     """
-    lead, sampler = group.leader, group.samplers[0]
-    change = rows.change_mask(rng, lead.unchanged_prob)
+    change = rows.change_mask(rng, group.leader.unchanged_prob)
     event = np.cumsum(change) - 1  # (R,) index of the value each row carries
-    n_events = int(event[-1]) + 1
-    lengths = _draw_lengths(rng, lead.mean_length, n_events)
-    ev_offsets = np.zeros(n_events + 1, dtype=np.int64)
-    np.cumsum(lengths, out=ev_offsets[1:])
-    ranks = sampler.draw_ranks(rng, int(ev_offsets[-1]))
-    _make_events_distinct(ranks, ev_offsets, lengths, rows.first[change], sampler.cardinality)
-    out_event = event[perm]
-    out_offsets, index = _ragged_index(ev_offsets[out_event], lengths[out_event])
-    columns: dict[str, pa.Array | pa.ChunkedArray] = {}
-    lead_ids = sampler.to_ids(ranks)
-    for f, s in zip(group.members, group.samplers, strict=True):
-        ids = lead_ids if s is sampler else s.to_ids(s.derive_ranks(lead_ids))
-        columns[f.name] = _list_array(out_offsets, ids[index])
-    safe = np.minimum(ev_offsets[:-1], max(0, len(ranks) - 1))
-    first_rank = np.where(lengths > 0, ranks[safe] if len(ranks) else 0, sampler.cardinality)
-    return columns, first_rank[event]
+    events = _Events.draw(group, rows.first[change], rng)
+    return events.columns(group, event[rep]), events.first_rank(group)[event]
+
+
+def _candidate_lists(
+    group: _SparseGroup, counts: np.ndarray, rng: np.random.Generator
+) -> tuple[dict[str, pa.Array | pa.ChunkedArray], np.ndarray]:
+    """Item features of an impression log: a fresh list on every candidate row.
+
+    ``counts`` (Q,) are the candidate rows of each request, whose rows are consecutive; a
+    candidate's list never repeats the previous candidate's in the same request. Returns the
+    list columns and each row's leader first rank (as ``_fresh_lists``), rows in that order.
+    """
+    first = np.zeros(int(counts.sum()), dtype=bool)
+    first[np.cumsum(counts) - counts] = True
+    events = _Events.draw(group, first, rng)
+    return events.columns(group, None), events.first_rank(group)
+
+
+@dataclass(slots=True)
+class _Events:
+    """Fresh lists of a static / item group's leader, as Zipf ranks (E events)."""
+
+    lengths: np.ndarray  # (E,) ids per list
+    offsets: np.ndarray  # (E + 1,) int64
+    ranks: np.ndarray  # (offsets[-1],) leader ranks
+
+    @staticmethod
+    def draw(group: _SparseGroup, session_first: np.ndarray, rng: np.random.Generator) -> _Events:
+        """One list per event; ``session_first`` (E,) marks the events that start a session
+        (or a request), the only ones allowed to repeat their predecessor."""
+        lead, sampler = group.leader, group.samplers[0]
+        n_events = len(session_first)
+        lengths = _draw_lengths(rng, lead.mean_length, n_events)
+        offsets = np.zeros(n_events + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        ranks = sampler.draw_ranks(rng, int(offsets[-1]))
+        _make_events_distinct(ranks, offsets, lengths, session_first, sampler.cardinality)
+        return _Events(lengths, offsets, ranks)
+
+    def columns(
+        self, group: _SparseGroup, out_event: np.ndarray | None
+    ) -> dict[str, pa.Array | pa.ChunkedArray]:
+        """Every member's column: output row i holds event ``out_event[i]`` (None: event i)."""
+        if out_event is None:
+            out_offsets, index = self.offsets, None
+        else:
+            out_offsets, index = _ragged_index(self.offsets[out_event], self.lengths[out_event])
+        sampler = group.samplers[0]
+        lead_ids = sampler.to_ids(self.ranks)
+        columns: dict[str, pa.Array | pa.ChunkedArray] = {}
+        for f, s in zip(group.members, group.samplers, strict=True):
+            ids = lead_ids if s is sampler else s.to_ids(s.derive_ranks(lead_ids))
+            columns[f.name] = _list_array(out_offsets, ids if index is None else ids[index])
+        return columns
+
+    def first_rank(self, group: _SparseGroup) -> np.ndarray:
+        """(E,) each list's first rank; the cardinality for an empty list (least popular)."""
+        ranks, cardinality = self.ranks, group.samplers[0].cardinality
+        safe = np.minimum(self.offsets[:-1], max(0, len(ranks) - 1))
+        return np.where(self.lengths > 0, ranks[safe] if len(ranks) else 0, cardinality)
 
 
 def _draw_lengths(rng: np.random.Generator, mean: float, n: int) -> np.ndarray:
@@ -836,12 +1007,12 @@ def _make_events_distinct(
 
 
 def _history_lists(
-    group: _SparseGroup, rows: _Rows, perm: np.ndarray, rng: np.random.Generator
+    group: _SparseGroup, rows: _Rows, rep: np.ndarray, rng: np.random.Generator
 ) -> tuple[_LazyLists, np.ndarray]:
     """History features: per-session id streams; a row sees the last max_length ids so far.
 
-    Returns the (unexpanded) lists with rows in ``perm`` order and the per-row list length
-    in session-major order.
+    Returns the (unexpanded) lists of the output rows (row i: session-major row ``rep[i]``'s
+    list) and the per-row list length in session-major order.
     """
     lead, sampler = group.leader, group.samplers[0]
     n_sessions = len(rows.sizes)
@@ -860,7 +1031,7 @@ def _history_lists(
     row_len = np.minimum(seen, lead.max_length)
     starts = stream_offsets[rows.sess] + seen - row_len
     names = [f.name for f in group.members]
-    return _LazyLists(names, streams, starts[perm], row_len[perm]), row_len
+    return _LazyLists(names, streams, starts[rep], row_len[rep]), row_len
 
 
 def _ragged_index(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -903,5 +1074,31 @@ def _solve_intercept(logit: np.ndarray, rate: float) -> float:
     return 0.5 * (lo + hi)
 
 
-# ---------------------------------------------------------------------------------------------
-# Measuring a raw log against its catalogue
+def _click_labels(
+    logit: np.ndarray, counts: np.ndarray, rate: float, n_labels: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """Impression labels: at most one click per request, as a choice among its candidates.
+
+    ``logit`` (R,) per candidate row, each request's ``counts`` (Q,) rows consecutive. Per
+    label column the click is the argmax of logit + Gumbel noise over the request's
+    candidates and a "no click" option of logit b, so candidate i is clicked with probability
+    ``exp(l_i) / (exp(b) + sum_j exp(l_j))``. b is solved (bisection) so that the expected
+    clicks per row equal ``rate``; past one click per request it saturates (b -> -40). Every
+    column is drawn independently from the same probabilities. Returns float32 arrays (R,).
+    """
+    starts = np.cumsum(counts) - counts
+    log_weight = np.log(np.add.reduceat(np.exp(logit), starts))  # (Q,) log sum_j exp(l_j)
+    per_request = min(1.0, rate * len(logit) / len(counts))
+    null_logit = -_solve_intercept(log_weight, per_request)
+    request_of = np.repeat(np.arange(len(counts)), counts)
+    labels = []
+    for _ in range(n_labels):
+        score = logit + rng.gumbel(size=len(logit))
+        best = np.maximum.reduceat(score, starts)
+        clicked = best > null_logit + rng.gumbel(size=len(counts))
+        winners = np.flatnonzero((score == best[request_of]) & clicked[request_of])
+        _, first = np.unique(request_of[winners], return_index=True)  # a tie: the first
+        label = np.zeros(len(logit), dtype=np.float32)
+        label[winners[first]] = 1.0
+        labels.append(label)
+    return labels

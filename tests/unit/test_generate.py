@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -17,12 +19,13 @@ from recd.logs.generate import (
     FLUSH_INTERVAL_S,
     BoundedZipf,
     GenerateReport,
+    candidate_counts,
     generate_logs,
     lomax_sizes,
     solve_lomax_scale,
 )
 from recd.logs.rawlog import iter_raw_log, list_segments, read_catalogue
-from recd.schema import Catalogue, SparseKind
+from recd.schema import Catalogue, SparseKind, load_catalogue
 
 STATS_SESSIONS = 2500  # ~15k rows of the tiny catalogue: enough for tight statistics
 
@@ -390,3 +393,205 @@ def test_unusual_catalogues(tmp_path: Path) -> None:
     )
     report = generate_logs(single, tmp_path / "single", seed=0, show_progress=False)
     assert report.rows == 50
+
+
+# ---------------------------------------------------------------------------------------------
+# Impression logs: one row per candidate item of a request
+
+IMPRESSION_CATALOGUE: dict[str, Any] = {
+    "name": "imp",
+    "labels": ["click", "book"],
+    "sessions": {
+        "num_sessions": 300,
+        "mean_samples": 24.0,  # 3 requests of 8 candidates
+        "candidates_per_request": 8.0,
+        "max_candidates": 10,
+        "max_samples": 400,
+        "servers": 4,
+        "duration_s": 3600,
+        "label_rate": 0.1,
+    },
+    "dense": [
+        {"name": "user_score", "unchanged_prob": 0.5, "scale": 3.0},
+        {"name": "price", "kind": "candidate", "scale": 100.0},
+        {"name": "pos", "kind": "position"},
+    ],
+    "sparse": [
+        {"name": "country", "kind": "static", "unchanged_prob": 1.0, "cardinality": 40},
+        {"name": "query", "kind": "static", "unchanged_prob": 0.3, "cardinality": 500},
+        {"name": "hist_items", "kind": "history", "group": "hist", "mean_length": 4.0,
+         "max_length": 8, "unchanged_prob": 0.3, "cardinality": 2000},
+        {"name": "hist_types", "kind": "history", "group": "hist", "mean_length": 4.0,
+         "max_length": 8, "unchanged_prob": 0.3, "cardinality": 5},
+        {"name": "item", "kind": "item", "group": "item", "cardinality": 3000},
+        {"name": "hotel_chain", "kind": "item", "group": "item", "cardinality": 50},
+    ],
+}  # fmt: skip
+
+
+def _impression_catalogue(**sessions: float) -> Catalogue:
+    data = dict(IMPRESSION_CATALOGUE)
+    data["sessions"] = {**IMPRESSION_CATALOGUE["sessions"], **sessions}
+    return Catalogue.from_dict(data)
+
+
+def _request_runs(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """First row and row count of every run of equal request_id in the raw log's order."""
+    request = table.column("request_id").to_numpy()
+    starts = np.flatnonzero(np.concatenate([[True], request[1:] != request[:-1]]))
+    return starts, np.diff(np.append(starts, len(request)))
+
+
+def _same_as_previous(table: pa.Table, name: str) -> np.ndarray:
+    """(R - 1,) bool: row i + 1 of column ``name`` equals row i."""
+    values = table.column(name).to_pylist()
+    return np.array([a == b for a, b in itertools.pairwise(values)])
+
+
+@pytest.fixture(scope="module")
+def impressions(tmp_path_factory: pytest.TempPathFactory) -> pa.Table:
+    out = tmp_path_factory.mktemp("raw") / "imp"
+    generate_logs(_impression_catalogue(), out, seed=4, show_progress=False)
+    return _read(out)
+
+
+def test_impression_rows_of_a_request_are_consecutive_and_share_its_features(
+    impressions: pa.Table,
+) -> None:
+    catalogue = _impression_catalogue()
+    starts, counts = _request_runs(impressions)
+    assert len(starts) == len(np.unique(impressions.column("request_id").to_numpy()))
+    assert counts.min() >= 1 and counts.max() == catalogue.sessions.max_candidates
+    assert counts.mean() == pytest.approx(catalogue.sessions.candidates_per_request, rel=0.05)
+    # a full list with p = 2 * 8 / 10 - 1 = 0.6, else uniform on 1..9
+    assert (counts == 10).mean() == pytest.approx(0.6, abs=0.05)
+    assert np.isin(np.arange(1, 10), counts).all()
+
+    inside = np.ones(impressions.num_rows - 1, dtype=bool)  # pairs of rows of one request
+    inside[starts[1:] - 1] = False
+    request_level = ["session_id", "ts", "user_score", "country", "query"]
+    for name in [*request_level, "hist_items", "hist_types"]:
+        assert _same_as_previous(impressions, name)[inside].all(), name
+    expected_position = np.arange(impressions.num_rows) - np.repeat(starts, counts)
+    assert np.array_equal(impressions.column("pos").to_numpy(), expected_position)
+    # candidate-level features are fresh: items never repeat the previous candidate's
+    assert not _same_as_previous(impressions, "item")[inside].any()
+    assert _same_as_previous(impressions, "price")[inside].mean() < 0.01
+    # ...and request-level ones do change between a session's requests
+    session = impressions.column("session_id").to_numpy()
+    order = np.lexsort((np.arange(len(session)), impressions.column("ts").to_numpy(), session))
+    clustered = impressions.take(pa.array(order))
+    next_request = np.flatnonzero(
+        (session[order][1:] == session[order][:-1])
+        & (
+            clustered.column("request_id").to_numpy()[1:]
+            != clustered.column("request_id").to_numpy()[:-1]
+        )
+    )
+    for name, unchanged in (("country", 1.0), ("query", 0.3), ("user_score", 0.5)):
+        same = _same_as_previous(clustered, name)[next_request].mean()
+        assert same == pytest.approx(unchanged, abs=0.08), name
+
+
+def test_impression_labels_one_click_per_request_at_the_label_rate(
+    impressions: pa.Table,
+) -> None:
+    catalogue = _impression_catalogue()
+    starts, _ = _request_runs(impressions)
+    click = impressions.column("click").to_numpy()
+    book = impressions.column("book").to_numpy()
+    for label in (click, book):
+        per_request = np.add.reduceat(label, starts)
+        assert per_request.max() == 1.0
+        assert label.mean() == pytest.approx(catalogue.sessions.label_rate, abs=0.01)
+    assert not np.array_equal(click, book)  # independent draws
+    # learnable: earlier positions and popular items are clicked more often
+    position = impressions.column("pos").to_numpy().astype(np.int64)
+    ctr = np.bincount(position, weights=click) / np.bincount(position)
+    assert ctr[:3].mean() > 2 * ctr[-3:].mean()
+    item = impressions.column("item").combine_chunks().flatten().to_numpy()
+    seen = np.bincount(item)[item]
+    head = seen >= np.quantile(seen, 0.8)
+    assert click[head].mean() > 1.3 * click[~head].mean()
+
+
+def test_impression_label_rate_is_met_at_one_click_per_request(tmp_path: Path) -> None:
+    """The profile's shape: almost every request clicked once, the click rate ~ 1 / C."""
+    catalogue = load_catalogue("impressions")
+    generate_logs(catalogue, tmp_path / "raw", seed=1, num_sessions=1500, show_progress=False)
+    table = _read(tmp_path / "raw")
+    starts, counts = _request_runs(table)
+    label = table.column("label").to_numpy()
+    clicks = np.add.reduceat(label, starts)
+    assert clicks.max() == 1.0 and clicks.mean() > 0.97
+    assert label.mean() == pytest.approx(catalogue.sessions.label_rate, rel=0.03)
+    assert counts.mean() == pytest.approx(catalogue.sessions.candidates_per_request, rel=0.03)
+    sessions = len(np.unique(table.column("session_id").to_numpy()))
+    assert len(starts) / sessions == pytest.approx(
+        catalogue.sessions.mean_samples / catalogue.sessions.candidates_per_request, rel=0.1
+    )
+
+
+def test_candidate_counts_have_the_configured_mean() -> None:
+    u = (np.arange(200_000) + 0.5) / 200_000
+    for mean, cap in ((23.0, 25), (8.0, 10), (2.0, 10), (1.0, 7), (1.5, 2), (3.0, 3)):
+        counts = candidate_counts(u, mean, cap)
+        assert counts.mean() == pytest.approx(mean, rel=1e-3), (mean, cap)
+        assert counts.min() >= 1 and counts.max() <= cap
+    assert (candidate_counts(u, 23.0, 25) == 25).mean() == pytest.approx(2 * 23 / 25 - 1)
+
+
+def test_impression_logs_are_deterministic_and_chunks_carry_every_row_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import recd.logs.generate as generate
+
+    catalogue = _impression_catalogue(num_sessions=120)
+    for name, seed in (("a", 5), ("b", 5), ("c", 6)):
+        generate_logs(catalogue, tmp_path / name, seed=seed, segment_rows=700, show_progress=False)
+    a, b, c = (list_segments(tmp_path / n) for n in "abc")
+    assert len(a) > 1
+    assert [p.read_bytes() for p in a] == [p.read_bytes() for p in b]
+    assert [p.read_bytes() for p in a] != [p.read_bytes() for p in c]
+
+    monkeypatch.setattr(generate, "CHUNK_ROWS", 200)  # ~8 sessions per chunk
+    generate_logs(catalogue, tmp_path / "many", seed=5, show_progress=False)
+    one, many = _read(tmp_path / "a"), _read(tmp_path / "many")
+    assert one.num_rows == many.num_rows
+    request = many.column("request_id").to_numpy()
+    assert np.array_equal(np.sort(one.column("request_id").to_numpy()), np.sort(request))
+    starts, counts = _request_runs(many)
+    assert len(starts) == len(np.unique(request))  # no request split across merges
+    assert np.array_equal(
+        many.column("pos").to_numpy(), np.arange(len(request)) - np.repeat(starts, counts)
+    )
+    ts = many.column("ts").to_numpy()
+    assert (np.maximum.accumulate(ts) - ts).max() < 1.5 * FLUSH_INTERVAL_S * 1000
+
+
+def test_one_row_per_request_ignores_max_candidates(
+    tmp_path: Path, tiny_catalogue: Catalogue
+) -> None:
+    """candidates_per_request == 1 takes the plain path: the same bytes for any list cap."""
+    sessions = dataclasses.replace(tiny_catalogue.sessions, max_candidates=25)
+    wide = dataclasses.replace(tiny_catalogue, sessions=sessions)
+    generate_logs(tiny_catalogue, tmp_path / "a", seed=3, show_progress=False)
+    generate_logs(wide, tmp_path / "b", seed=3, show_progress=False)
+    a, b = list_segments(tmp_path / "a"), list_segments(tmp_path / "b")
+    assert [p.read_bytes() for p in a] == [p.read_bytes() for p in b]
+
+
+def test_bad_impression_configurations_are_reported(tmp_path: Path) -> None:
+    with pytest.raises(
+        ConfigError, match=r"label_rate \(0\.2\).*1 / candidates_per_request = 0\.125"
+    ) as exc:
+        generate_logs(_impression_catalogue(label_rate=0.2), tmp_path / "a", seed=1)
+    assert "\n" not in str(exc.value)
+    with pytest.raises(
+        ConfigError, match=r"candidates_per_request.*max_candidates = 10.*12"
+    ) as exc:
+        _impression_catalogue(candidates_per_request=12.0, mean_samples=30.0)
+    assert "\n" not in str(exc.value)
+    with pytest.raises(ConfigError, match=r"max_samples // max_candidates \(2 requests\)"):
+        generate_logs(_impression_catalogue(max_samples=29), tmp_path / "b", seed=1)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
