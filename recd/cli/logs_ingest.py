@@ -37,8 +37,10 @@ shard` and `recd etl` read. This is how to try the pipeline on your own data.
 
 Columns: name them with the --*-col flags, or with a mapping TOML (--mapping FILE; its keys:
 session, ts, item, event, ts_unit, session_ids, positive_events, labels, dense, missing_dense,
-sparse, sparse_lists, list_separator, history, keep_itemless, itemless_item_id; see
-docs/own-data.md). Flags override the file.
+sparse, sparse_lists, list_separator, history, keep_itemless, itemless_item_id, histories,
+request, candidates, candidate_dense, candidate_sparse, candidate_labels, clicked, position;
+see docs/own-data.md). Flags override the file. The event column is optional when the labels
+come from label columns (event = "" in the mapping).
 
 One sample per event that has an item, written in timestamp order, with
   label                  1 if the event type is in --positive-events, else 0
@@ -58,15 +60,31 @@ derives from it). Event types are lower-cased and numbered 1..V by name; OUT/_in
 keeps the vocabulary (reuse it for the next file with --event-vocab OUT/_ingest.json).
 A label with one value on every sample is logged as a warning (check --positive-events).
 
+Impression logs (one request scores several candidate items) come in two shapes:
+  one row per request  --candidates-col: a row with a candidate list (3|17|42) is a request,
+                       one sample per candidate in list order sharing the row's request_id
+                       (its line, or --request-col), ts and request-level columns; parallel
+                       lists (candidate_dense / candidate_sparse / candidate_labels in the
+                       mapping) or --clicked-col give the candidates' features and labels
+  one row per candidate --request-col: the rows of a session with one key are one request
+                       (request_id = the key, ts = its first row's), in file order
+Rows with no candidates (no request key) are interaction events: they feed the histories with
+their items and event types (hist_item_ids is the session's last N events before the request)
+but are no samples. A dense feature `position` holds each candidate's place in its list.
+Declared history columns (mapping histories = {{group = [columns]}}) are catalogued as
+histories of that group, pooled by the rm1 model's transformers.
+
 Timestamps: epoch ms, epoch s or ISO 8601 (no zone = UTC); --ts-unit auto picks per file.
 Session ids: integers, or strings hashed to a stable 63-bit id (same on every run).
 Item ids: integers >= 0.
 
 Bad lines (wrong field count, an unmatched quote, invalid JSON, a missing or unparsable value,
 bytes that are not UTF-8, a line longer than --max-line-bytes) are reported with file, line
-number and field. --on-bad-rows fail (default) stops at the first one (exit 2); quarantine
-writes each to OUT/_quarantine.jsonl and counts it (rows in = rows out + history-only +
-quarantined). Messages quote at most {QUOTE_CHARS} characters of a value.
+number and field; impression logs also: parallel lists of another length than the candidate
+list, a clicked item not in the list, an empty candidate list on a row with no item, a request
+key used by two sessions. --on-bad-rows fail (default) stops at the first one (exit 2);
+quarantine writes each to OUT/_quarantine.jsonl and counts it (rows in = sample rows +
+history-only + quarantined). Messages quote at most {QUOTE_CHARS} characters of a value.
 
 An input with no events (empty, only blank lines, only a CSV header, or only bad lines when
 quarantining) is refused (exit 2) and OUT is left as it was; --allow-empty writes an empty OUT
@@ -142,6 +160,21 @@ def register(verbs: argparse._SubParsersAction) -> None:
     columns.add_argument(
         "--itemless-item-id", type=int, help="item id of such events in hist_item_ids (0)"
     )
+    imp = parser.add_argument_group(
+        "impression logs (one request scores several candidates; the mapping has the "
+        "per-candidate lists and declared histories)"
+    )
+    imp.add_argument(
+        "--candidates-col",
+        help="candidate-list column: one row per request, one sample per candidate",
+    )
+    imp.add_argument(
+        "--request-col",
+        help="request-key column: one row per candidate (with --candidates-col: the request id)",
+    )
+    imp.add_argument(
+        "--clicked-col", help="clicked-item column: label 1 on the candidate equal to it"
+    )
     parser.add_argument(
         "--on-bad-rows",
         choices=BAD_ROW_POLICIES,
@@ -201,6 +234,9 @@ def mapping_from_args(args: argparse.Namespace) -> IngestMapping:
         "list_separator": args.list_separator,
         "keep_itemless": args.keep_itemless,
         "itemless_item_id": args.itemless_item_id,
+        "candidates": args.candidates_col,
+        "request": args.request_col,
+        "clicked": args.clicked_col,
     }
     given = {k: v for k, v in flags.items() if v is not None}
     if given.get("labels"):  # label columns replace the positive events of a mapping file
@@ -244,14 +280,22 @@ def format_report(report: IngestReport) -> str:
     vocab = ", ".join(f"{shorten(k)}={v}" for k, v in by_id[:VOCAB_SHOWN])
     if len(by_id) > VOCAB_SHOWN:
         vocab += f", … ({len(by_id) - VOCAB_SHOWN:,} more in _ingest.json)"
+    impressions = report.mapping.get("candidates") or report.mapping.get("request")
+    requests = (
+        f"  requests {report.requests:,} ({report.rows_out / report.requests:.1f} candidates each)"
+        if impressions and report.requests
+        else ""
+    )
     lines = [
         f"ingested {report.source} ({report.format}) -> {report.out_dir}",
-        f"  rows in {report.rows_in:,}  out {report.rows_out:,}  quarantined {report.quarantined:,}"
+        f"  rows in {report.rows_in:,}  out {report.rows_out:,}{requests}  quarantined "
+        f"{report.quarantined:,}"
         + (f"  history-only {report.history_only:,}" if report.history_only else ""),
         f"  sessions {report.sessions:,}  positives {report.positives:,}  "
         f"ts {report.ts_unit}  session ids {report.session_ids}  history {report.history}",
-        f"  event types: {vocab}",
     ]
+    if report.mapping.get("event"):
+        lines.append(f"  event types: {vocab}")
     if report.labels != ["label"]:
         lines.append(f"  labels: {', '.join(report.labels)}")
     if report.buckets > 1:

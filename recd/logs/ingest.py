@@ -8,23 +8,36 @@ no zone means UTC); ``ts_unit="auto"`` picks per file whichever of numeric / ISO
 values, and for numbers ms if any magnitude is >= 1e11, else seconds. Session ids are integers,
 or any strings, which become a stable 63-bit hash (FNV-1a + SplitMix64 of the UTF-8 bytes, the
 same id on every run and machine); ``session_ids="auto"`` uses the integers when every id is
-one. Item ids must be integers >= 0. Event types are strings, trimmed and lower-cased.
+one. Item ids must be integers >= 0. Event types are strings, trimmed and lower-cased; the
+event column is optional when the labels come from label columns.
+
+Impression logs (one request scores several candidate items) come in two shapes: one row per
+request with a candidate list (``candidates``) and parallel per-candidate lists, or one row
+per candidate with a request key (``request``); either way each candidate becomes one sample
+of its request's ``request_id``, ``ts`` and request-level features, in list (file) order, and
+rows with no candidates (no key) are interaction events that feed the histories with their
+items. ``recd.logs.ingest_requests`` builds the events and samples of each shape; its
+docstring has the rules.
 
 Output: a raw-log directory (``rawlog.RawLogWriter``) with catalogue ``ingest`` and one sample
 per event that has an item, in timestamp (arrival) order, (ts, line) for ties:
 
     session_id             int64   the session id (or its hash)
-    request_id             int64   the event's 1-based line (Parquet: row) number (+ base)
+    request_id             int64   the event's 1-based line (Parquet: row) number (+ base);
+                                   impression logs: the request key, if mapped
     ts                     int64   epoch milliseconds (UTC)
     label                  float32 1 if the event type is one of ``positive_events``, else 0
-                                   (or one float32 per mapped label column, named like it)
+                                   (or one float32 per mapped label column, named like it;
+                                   impression logs: per candidate, or 1 on the clicked one)
     hist_len               float32 number of earlier events in hist_item_ids (<= history)
     secs_since_prev_event  float32 seconds since the session's previous event (0 for the first)
-    <dense columns>        float32 the mapped numeric columns
-    item_id                list    [the event's item id]
+    <dense columns>        float32 the mapped numeric columns (and per-candidate ones)
+    position               float32 impression logs: the candidate's place in its list
+    item_id                list    [the event's item id] (impression logs: the candidate's)
     hist_item_ids          list    item ids of the session's last N earlier events, oldest first
     hist_event_types       list    their event types (vocabulary ids), same rows, same order
     <sparse columns>       list    [id] of a mapped id column; the ids of a mapped list column
+                                   (and of declared history columns, and per-candidate ids)
 
 ``hist_item_ids`` and ``hist_event_types`` form the synchronised group ``history``: both gain one
 entry on every event of a session. "Earlier" means earlier in (ts, line) order, so ties in ts
@@ -109,15 +122,16 @@ from recd.logs import rawlog
 from recd.logs.hashing import hash_strings
 from recd.logs.ingest_mapping import (
     DEFAULT_POSITIVE_EVENTS,
+    HISTORY_GROUP,
     HISTORY_SPARSE,
     LABEL,
     SESSION_ID_MODES,
     TS_UNITS,
     IngestMapping,
 )
+from recd.logs.ingest_requests import GoodRows, build_events, empty_events, key_conflicts
 from recd.logs.ingest_samples import (
     CATALOGUE_NAME,
-    HISTORY_GROUP,
     MERGE_FAN_IN,
     BucketEvents,
     BucketSamples,
@@ -126,6 +140,25 @@ from recd.logs.ingest_samples import (
     merge_files,
     remap_values,
     write_sorted,
+)
+from recd.logs.ingest_values import (
+    INT_RE,
+    ISO_RE,
+    MS_THRESHOLD,
+    NUMBER_RE,
+    QUOTE_CHARS,
+    cast_where,
+    is_missing,
+    matches,
+    parse_ids,
+    parse_item,
+    parse_number,
+    parse_number_lists,
+    parse_request_keys,
+    parse_session,
+    parse_ts,
+    quote,
+    shorten,
 )
 from recd.logs.shard import replace_dir_atomically
 from recd.progress import progress_bar
@@ -158,6 +191,7 @@ QUARANTINE_FILE = "_quarantine.jsonl"
 INGEST_FILE = "_ingest.json"
 LABEL_DEFINITION = "label = 1 if the event type is one of positive_events, else 0"
 LABEL_COLUMNS_DEFINITION = "labels = the label columns (numbers; true/false = 1/0)"
+LABEL_CLICKED_DEFINITION = "label = 1 on the candidate equal to the clicked item, else 0"
 OUTPUT_BATCH_ROWS = 1 << 16  # most samples per output batch
 MIN_BATCH_ROWS = 1024  # fewest samples per output batch (and per batch of a bucket's file)
 MIB = 1 << 20
@@ -172,7 +206,6 @@ MAX_BUCKETS = 256
 ROW_BYTES = 512  # planning figure of one sample's bytes (with a history of ~20)
 LINE_CAP_LINES = 64  # a "line" of 64 line limits with no line break: not a text file
 MAX_LINE_BYTES = 1 << 20  # default bound on one input line (and so on any value in it)
-QUOTE_CHARS = 40  # characters of an input value quoted in a message
 SPARSE_SAMPLES_PER_HOUR = 1000  # below this (over > 2 days), ingest suggests day partitions
 _SUFFIX_FORMATS = {
     ".csv": "csv",
@@ -182,21 +215,11 @@ _SUFFIX_FORMATS = {
     ".parquet": "parquet",
     ".pq": "parquet",
 }
-_ROLES = ("session", "ts", "item", "event")
-_INT_RE = r"^-?\d{1,19}$"
-_NUMBER_RE = r"^-?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$"
-_ISO_RE = r"^\d{4}-\d{2}-\d{2}([T ]\d{2}(:\d{2}(:\d{2}(\.\d{1,9})?)?)?(Z|[+-]\d{2}(:?\d{2})?)?)?$"
-_ISO_ZONED_RE = r"[T ]\d{2}(:\d{2}(:\d{2}(\.\d{1,9})?)?)?(Z|[+-]\d{2}(:?\d{2})?)$"
-_MS_THRESHOLD = 1e11  # epoch seconds reach 1e11 in year 5138, epoch ms passed it in 1973
+_CORE = ("session", "ts", "item", "event", "request")  # text roles; the last three optional
+_LIST_KINDS = ("list", "hist", "cand", "cdense", "csparse", "clabel")  # list-valued roles
 _UTF8_BOM = b"\xef\xbb\xbf"
 _UTF8_SCAN_LINES = 256  # below this many lines, find non-UTF-8 lines one by one
 _ESCAPED = re.compile("[\udc80-\udcff]")  # bytes that were not UTF-8, after surrogateescape
-_TS_EXPECTED = {
-    "auto": "epoch ms, epoch s or ISO 8601",
-    "ms": "epoch ms",
-    "s": "epoch s",
-    "iso": "ISO 8601",
-}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -213,7 +236,8 @@ class IngestReport:
     """Data lines read (CSV: non-empty lines after the header; JSON Lines: non-blank lines;
     Parquet: rows)."""
     rows_out: int
-    """Samples written (one per good event that has an item)."""
+    """Samples written (one per good event that has an item; impression logs: one per
+    candidate)."""
     quarantined: int
     """Bad lines written to ``_quarantine.jsonl`` (0 unless on_bad_rows is quarantine)."""
     sessions: int
@@ -227,8 +251,14 @@ class IngestReport:
     history: int
     """N: length of the history features (0: none)."""
     history_only: int = 0
-    """Good events with no item kept in the histories only (``keep_itemless``): rows in =
-    rows out + history only + quarantined."""
+    """Good events kept for the histories only (``keep_itemless`` events with no item;
+    impression logs: the interaction events): rows in = sample rows + history only +
+    quarantined."""
+    requests: int = 0
+    """Requests written (impression logs; an event log: = rows out)."""
+    sample_rows: int = 0
+    """Input rows the samples came from (= rows out, but for a log of one row per request:
+    the request rows)."""
     labels: list[str] = field(default_factory=lambda: [LABEL])
     """Label columns of the output."""
     event_vocabulary: dict[str, int] = field(default_factory=dict)
@@ -255,6 +285,8 @@ class IngestReport:
             "format": self.format,
             "rows_in": self.rows_in,
             "rows_out": self.rows_out,
+            "requests": self.requests,
+            "sample_rows": self.sample_rows,
             "history_only": self.history_only,
             "quarantined": self.quarantined,
             "sessions": self.sessions,
@@ -262,7 +294,7 @@ class IngestReport:
             "ts_unit": self.ts_unit,
             "session_ids": self.session_ids,
             "history": self.history,
-            "label": LABEL_COLUMNS_DEFINITION if self.mapping.get("labels") else LABEL_DEFINITION,
+            "label": self._label_definition(),
             "labels": self.labels,
             "positive_events": self.positive_events,
             "event_vocabulary": self.event_vocabulary,
@@ -273,6 +305,13 @@ class IngestReport:
             "quarantine_path": self.quarantine_path,
             "elapsed_s": round(self.elapsed_s, 3),
         }
+
+    def _label_definition(self) -> str:
+        if self.mapping.get("clicked"):
+            return LABEL_CLICKED_DEFINITION
+        if self.mapping.get("labels") or self.mapping.get("candidate_labels"):
+            return LABEL_COLUMNS_DEFINITION
+        return LABEL_DEFINITION
 
 
 @dataclass(slots=True)
@@ -453,7 +492,7 @@ def ingest_events(
         with replace_dir_atomically(out_dir) as tmp:
             with rawlog.RawLogWriter(tmp, catalogue) as writer:
                 for batch in done.batches():
-                    if mapping.history:
+                    if HISTORY_SPARSE[1] in mapping.hist_sparse:
                         batch = remap_values(batch, HISTORY_SPARSE[1], lookup)
                     writer.write(batch)
             quarantine_path = None
@@ -467,6 +506,8 @@ def ingest_events(
                 format=fmt,
                 rows_in=read.rows_in,
                 rows_out=stats.samples,
+                requests=stats.requests,
+                sample_rows=stats.sample_lines,
                 quarantined=len(bad),
                 history_only=stats.history_only,
                 sessions=stats.sessions,
@@ -483,9 +524,9 @@ def ingest_events(
                 warnings=warnings,
                 quarantine_path=quarantine_path,
             )
-            if report.rows_out + report.history_only + report.quarantined != report.rows_in:
+            if report.sample_rows + report.history_only + report.quarantined != report.rows_in:
                 raise AssertionError(  # an invariant, not input
-                    f"{path}: {report.rows_in} rows in != {report.rows_out} out + "
+                    f"{path}: {report.rows_in} rows in != {report.sample_rows} sample rows + "
                     f"{report.history_only} history-only + {report.quarantined} quarantined"
                 )
             report.elapsed_s = time.perf_counter() - start
@@ -690,7 +731,7 @@ class _ReadResult:
         if unit == "auto":
             unit = "iso" if self.ts_iso > self.ts_numeric else "number"
         if unit == "number":
-            unit = "ms" if self.ts_abs_max >= _MS_THRESHOLD else "s"
+            unit = "ms" if self.ts_abs_max >= MS_THRESHOLD else "s"
         session = mapping.session_ids
         if session == "auto":
             session = "int" if self.session_ints == self.session_present else "hash"
@@ -698,19 +739,21 @@ class _ReadResult:
 
 
 def _roles(mapping: IngestMapping) -> dict[str, str]:
-    """Role -> input column: the four core roles, then ``label:``, ``dense:``, ``sparse:`` and
-    ``list:`` roles of the mapped features."""
-    names = {
-        "session": mapping.session,
-        "ts": mapping.ts,
-        "item": mapping.item,
-        "event": mapping.event,
-    }
+    """Role -> input column: the core roles (session, ts, and those mapped of item, event,
+    request), then the mapped features' ``KIND:COLUMN`` roles (kinds: ``_FEATURE_KINDS``)."""
+    names = {"session": mapping.session, "ts": mapping.ts}
+    names.update({role: getattr(mapping, role) for role in _CORE[2:] if getattr(mapping, role)})
     for prefix, columns in (
         ("label", mapping.labels),
         ("dense", mapping.dense),
         ("sparse", mapping.sparse),
         ("list", mapping.sparse_lists),
+        ("hist", mapping.history_columns),
+        ("cand", [mapping.candidates] if mapping.candidates else []),
+        ("cdense", mapping.candidate_dense),
+        ("csparse", mapping.candidate_sparse),
+        ("clabel", mapping.candidate_labels),
+        ("clicked", [mapping.clicked] if mapping.clicked else []),
     ):
         names.update({f"{prefix}:{c}": c for c in columns})
     return names
@@ -894,21 +937,25 @@ def _spill_chunk(
     n = len(text.lines)
     if n == 0:
         return
-    trimmed = {role: pc.utf8_trim_whitespace(text.columns[role]) for role in _ROLES}
+    trimmed = {
+        role: pc.utf8_trim_whitespace(text.columns[role])
+        if role in names
+        else pa.nulls(n, pa.string())
+        for role in _CORE
+    }
     trimmed["event"] = pc.utf8_lower(trimmed["event"])
     _count_modes(trimmed, mapping, result)
-    itemless = _missing(trimmed["item"]) if mapping.keep_itemless else np.zeros(n, dtype=bool)
-    features, bad_field, bad_problem = _parse_features(text.columns, names, mapping, itemless)
+    parsed = _parse_features(text.columns, trimmed, names, mapping)
     result.event_names.update(name for name in pc.unique(trimmed["event"]).to_pylist() if name)
     flagged = text.flagged if text.flagged is not None else np.zeros(n, dtype=bool)
     columns = {
         "line": pa.array(text.lines.astype(np.int64)),
         "flagged": pa.array(flagged),
-        "itemless": pa.array(itemless),
-        "bad_field": pa.array(bad_field, pa.string()),
-        "bad_problem": pa.array(bad_problem, pa.string()),
-        **{role: trimmed[role].cast(pa.string()) for role in _ROLES},
-        **features,
+        "history_only": pa.array(parsed.history_only),
+        "bad_field": pa.array(parsed.bad_field, pa.string()),
+        "bad_problem": pa.array(parsed.bad_problem, pa.string()),
+        **{role: trimmed[role].cast(pa.string()) for role in _CORE},
+        **parsed.columns,
     }
     batch = pa.RecordBatch.from_pydict(columns)
     if result.schema is None:
@@ -919,16 +966,16 @@ def _spill_chunk(
 def _count_modes(trimmed: dict[str, pa.Array], mapping: IngestMapping, result: _ReadResult) -> None:
     """Add this chunk's counts that resolve ``ts_unit`` / ``session_ids`` ``auto``."""
     if mapping.session_ids == "auto":
-        present = ~_missing(trimmed["session"])
+        present = ~is_missing(trimmed["session"])
         result.session_present += int(present.sum())
-        result.session_ints += int((_matches(trimmed["session"], _INT_RE) & present).sum())
+        result.session_ints += int((matches(trimmed["session"], INT_RE) & present).sum())
     if mapping.ts_unit == "auto":
         values = trimmed["ts"]
-        present = ~_missing(values)
-        numeric = _matches(values, _NUMBER_RE) & present
+        present = ~is_missing(values)
+        numeric = matches(values, NUMBER_RE) & present
         result.ts_numeric += int(numeric.sum())
-        result.ts_iso += int((_matches(values, _ISO_RE) & present).sum())
-        cast, ok = _cast_where(values, numeric, pa.float64())
+        result.ts_iso += int((matches(values, ISO_RE) & present).sum())
+        cast, ok = cast_where(values, numeric, pa.float64())
         number = np.asarray(pc.fill_null(cast, 0.0).to_numpy(zero_copy_only=False))
         result.ts_abs_max = max(result.ts_abs_max, float(np.abs(number[ok]).max(initial=0.0)))
 
@@ -938,7 +985,7 @@ def _bucket_of(session: pa.Array, buckets: int) -> np.ndarray:
     integer (``007`` and ``7``), so that a session never spans two buckets in either mode."""
     if buckets == 1:
         return np.zeros(len(session), dtype=np.int64)
-    cast, ok = _cast_where(session, _matches(session, _INT_RE), pa.int64())
+    cast, ok = cast_where(session, matches(session, INT_RE), pa.int64())
     canonical = pc.if_else(pa.array(ok), pc.cast(cast, pa.string()), session)
     return hash_strings(pc.fill_null(canonical, "")) % buckets
 
@@ -946,112 +993,156 @@ def _bucket_of(session: pa.Array, buckets: int) -> np.ndarray:
 # ----------------------------------------------------------------------------- features
 
 
+@dataclass(slots=True)
+class _Features:
+    """The mapped feature columns of one chunk (N rows), parsed, and its rows' first bad
+    feature (None where all are good)."""
+
+    columns: dict[str, pa.Array]  # role -> (N,) typed column (see _parse_features)
+    history_only: np.ndarray  # (N,) bool: the row is an event for histories only, no sample
+    bad_field: list[str | None]
+    bad_problem: list[str | None]
+
+    def fail(self, rows: np.ndarray, column: str, problem: Callable[[int], str]) -> None:
+        """Record ``problem(row)`` for ``column`` on each of ``rows`` (indices) that has no
+        bad feature yet."""
+        for i in rows.tolist():
+            if self.bad_field[i] is None:
+                self.bad_field[i] = shorten(column)
+                self.bad_problem[i] = problem(i)
+
+
 def _parse_features(
     columns: dict[str, pa.Array],
+    trimmed: dict[str, pa.Array],
     names: dict[str, str],
     mapping: IngestMapping,
-    itemless: np.ndarray,
-) -> tuple[dict[str, pa.Array], list[str | None], list[str | None]]:
-    """Parse the mapped label, dense and sparse columns of one chunk (N rows).
+) -> _Features:
+    """Parse the mapped features of one chunk (N rows) and tell samples from history-only
+    rows.
 
-    Returns the typed columns (``label:<col>`` / ``dense:<col>`` float32, ``sparse:<col>`` /
-    ``list:<col>`` list<int64>) and per row the first bad feature's column and problem (None
-    where all are good). History-only (``itemless``) rows are no samples: not checked.
+    Typed columns by role: ``label:`` / ``dense:`` float32; ``sparse:`` / ``list:`` /
+    ``hist:`` / ``cand:`` / ``csparse:`` list<int64>; ``cdense:`` / ``clabel:`` list<float32>;
+    ``clicked:`` int64 (-1: no click). History-only rows (an event log's kept itemless events;
+    an impression log's interaction events: no candidates, or no request key) are no samples:
+    their features are not checked. A request's parallel lists must have one value per
+    candidate and its clicked item must be one of them.
     """
-    n = len(itemless)
-    bad_field: list[str | None] = [None] * n
-    bad_problem: list[str | None] = [None] * n
-    row_bad = itemless.copy()
-    out: dict[str, pa.Array] = {}
+    n = len(trimmed["session"])
+    out = _Features(
+        columns={},
+        history_only=np.zeros(n, dtype=bool),
+        bad_field=[None] * n,
+        bad_problem=[None] * n,
+    )
+    no_item = is_missing(trimmed["item"])
+    lengths = np.zeros(n, dtype=np.int64)  # candidates of each row (request form)
+    cand_role = f"cand:{mapping.candidates}"
+    if mapping.candidates:
+        cand_text = pc.utf8_trim_whitespace(columns[cand_role])
+        cand = parse_ids(cand_text, True, mapping.list_separator)
+        out.columns[cand_role] = cand.values
+        lengths = np.asarray(pc.list_value_length(cand.values).to_numpy(zero_copy_only=False))
+        if mapping.item:  # a row without candidates is an interaction event
+            out.history_only = lengths == 0
+        else:  # every row must be a request
+            out.fail(
+                np.flatnonzero(lengths == 0),
+                mapping.candidates,
+                lambda i: "empty candidate list (with no mapping.item every row is a request)",
+            )
+    elif mapping.request:
+        out.history_only = is_missing(trimmed["request"])
+    elif mapping.keep_itemless:
+        out.history_only = no_item
+    if mapping.candidates and mapping.item and not mapping.keep_itemless:
+        out.fail(
+            np.flatnonzero((lengths == 0) & no_item),
+            mapping.candidates,
+            lambda i: (
+                f"empty candidate list and no {mapping.item}: neither a request nor an "
+                "interaction event"
+            ),
+        )
+    row_bad = out.history_only | np.array([f is not None for f in out.bad_field], dtype=bool)
+    if mapping.candidates:
+        out.fail(
+            np.flatnonzero(cand.failed & ~row_bad),
+            mapping.candidates,
+            lambda i: cand.problem(cand_text[i].as_py()),
+        )
+        row_bad |= cand.failed
+    clicked: np.ndarray | None = None
     for role, col in names.items():
         kind = role.split(":", 1)[0]
-        if kind not in ("label", "dense", "sparse", "list"):
+        if kind not in _FEATURE_KINDS or role == cand_role:
             continue
         values = pc.utf8_trim_whitespace(columns[role])
         if kind in ("label", "dense"):
-            parsed = _parse_number(values, kind, mapping.missing_dense if kind == "dense" else None)
-            out[role] = pa.array(parsed.values, pa.float32())
+            parsed = parse_number(values, kind, mapping.missing_dense if kind == "dense" else None)
+            out.columns[role] = pa.array(parsed.values, pa.float32())
+        elif kind in ("cdense", "clabel"):
+            number_kind = "label" if kind == "clabel" else "dense"
+            parsed = parse_number_lists(values, number_kind, mapping.list_separator)
+            out.columns[role] = parsed.values
+        elif kind == "clicked":
+            parsed = parse_ids(values, False, mapping.list_separator)
+            got = np.asarray(pc.list_value_length(parsed.values).to_numpy(zero_copy_only=False))
+            flat = np.asarray(pc.list_flatten(parsed.values).to_numpy(zero_copy_only=False))
+            clicked = np.full(n, -1, dtype=np.int64)
+            clicked[got > 0] = flat
+            out.columns[role] = pa.array(clicked)
+            parsed.failed &= ~is_missing(values)  # no click is no error
         else:
-            parsed = _parse_ids(values, kind == "list", mapping.list_separator)
-            out[role] = parsed.values
+            parsed = parse_ids(values, kind not in ("sparse",), mapping.list_separator)
+            out.columns[role] = parsed.values
         for i in np.flatnonzero(parsed.failed & ~row_bad).tolist():
             raw = values[i].as_py()
-            bad_field[i] = shorten(col)
-            bad_problem[i] = "missing value" if raw in (None, "") else parsed.problem(raw)
+            out.bad_field[i] = shorten(col)
+            out.bad_problem[i] = "missing value" if raw in (None, "") else parsed.problem(raw)
         row_bad |= parsed.failed
-    return out, bad_field, bad_problem
-
-
-_TRUE_FALSE = {"true": 1.0, "false": 0.0}
-
-
-def _parse_number(values: pa.Array, kind: str, fill: float | None) -> _Parsed:
-    """Numbers (labels also true / false) -> (N,) float64; missing: ``fill`` or failed."""
-    missing = _missing(values)
-    lowered = pc.utf8_lower(values)
-    is_bool = np.asarray(
-        pc.fill_null(pc.is_in(lowered, value_set=pa.array(list(_TRUE_FALSE))), False).to_numpy(
-            zero_copy_only=False
-        ),
-        dtype=bool,
-    ) & (kind == "label")
-    cast, ok = _cast_where(values, _matches(values, _NUMBER_RE) & ~missing, pa.float64())
-    number = np.asarray(pc.fill_null(cast, 0.0).to_numpy(zero_copy_only=False), dtype=np.float64)
-    ok &= np.isfinite(number)
-    if is_bool.any():
-        words = np.array(lowered.to_pylist(), dtype=object)
-        number = np.where(is_bool, [_TRUE_FALSE.get(w, 0.0) for w in words], number)
-        ok |= is_bool
-    failed = ~ok
-    if fill is not None:
-        number = np.where(missing, fill, number)
-        failed &= ~missing
-    expected = "a number or true/false" if kind == "label" else "a number"
-    return _Parsed(
-        values=number.astype(np.float32),
-        failed=failed,
-        problem=lambda raw: f"cannot parse {_quote(raw)} as {expected}",
-    )
-
-
-def _parse_ids(values: pa.Array, is_list: bool, separator: str) -> _Parsed:
-    """Ids (>= 0) -> (N,) list<int64>: an id column gives [id] (missing: []); a list column
-    gives its ids (``3|17|42``, ``[3|17|42]``; missing or empty: [])."""
-    n = len(values)
-    text = pc.fill_null(values, "")
-    if is_list:
-        text = pc.utf8_trim(text, characters="[]")
-        parts = pc.split_pattern(text, pattern=separator)
-        lengths = np.asarray(pc.list_value_length(parts).to_numpy(zero_copy_only=False))
-        flat = pc.utf8_trim_whitespace(pc.list_flatten(parts))
-        empty = np.asarray(pc.equal(text, "").to_numpy(zero_copy_only=False), dtype=bool)
-        lengths = np.where(empty, 0, lengths)
-        keep = np.repeat(
-            ~empty, np.asarray(pc.list_value_length(parts).to_numpy(zero_copy_only=False))
+        if kind in ("cdense", "csparse", "clabel"):
+            got = np.asarray(pc.list_value_length(out.columns[role]).to_numpy(zero_copy_only=False))
+            wrong = np.flatnonzero((got != lengths) & ~row_bad)
+            out.fail(wrong, col, _parallel_problem(got, lengths, mapping.candidates))
+            row_bad[wrong] = True
+    if clicked is not None:
+        cand_values = out.columns[f"cand:{mapping.candidates}"]
+        hits = _clicked_hits(cand_values, clicked)
+        missed = np.flatnonzero((clicked >= 0) & (hits == 0) & ~row_bad)
+        out.fail(
+            missed,
+            mapping.clicked,
+            lambda i: (
+                f"clicked item {clicked[i]} is not among the row's {lengths[i]} "
+                f"candidates ({mapping.candidates})"
+            ),
         )
-        flat = flat.filter(pa.array(keep))
-    else:
-        empty = _missing(values)
-        lengths = (~empty).astype(np.int64)
-        flat = text.filter(pa.array(~empty))
-    cast, ok = _cast_where(flat, _matches(flat, _INT_RE), pa.int64())
-    ids = _to_int64(cast)
-    ok &= ids >= 0
-    row = np.repeat(np.arange(n), lengths)
-    failed = np.zeros(n, dtype=bool)
-    failed[row[~ok]] = True
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
+    return out
 
-    def problem(raw: str) -> str:
-        what = "a list of integer ids (>= 0)" if is_list else "an integer id (>= 0)"
-        return f"cannot parse {_quote(raw)} as {what}"
 
-    return _Parsed(
-        values=pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.where(ok, ids, 0))),
-        failed=failed,
-        problem=problem,
-    )
+_FEATURE_KINDS = ("label", "dense", "sparse", *_LIST_KINDS, "clicked")
+
+
+def _parallel_problem(got: np.ndarray, want: np.ndarray, candidates: str) -> Callable[[int], str]:
+    """The problem of row i of a parallel list with ``got[i]`` values for ``want[i]``
+    candidates."""
+
+    def problem(i: int) -> str:
+        return (
+            f"{got[i]} values for {want[i]} candidates: a list parallel to {candidates} has one "
+            "value per candidate"
+        )
+
+    return problem
+
+
+def _clicked_hits(candidates: pa.Array, clicked: np.ndarray) -> np.ndarray:
+    """(N,) int64: how many of each row's candidates equal its clicked item (-1: none)."""
+    lengths = np.asarray(pc.list_value_length(candidates).to_numpy(zero_copy_only=False))
+    flat = np.asarray(pc.list_flatten(candidates).to_numpy(zero_copy_only=False))
+    row = np.repeat(np.arange(len(clicked)), lengths)
+    return np.bincount(row[flat == clicked[row]], minlength=len(clicked))
 
 
 # ----------------------------------------------------------------------------- pass 2
@@ -1087,11 +1178,13 @@ def _samples_per_bucket(
     sorted_paths: list[Path] = []
     for bucket in range(plan.buckets):
         table = spill.read(bucket, spill_schema)
-        events, bucket_bad, bucket_names = _parse_bucket(table, mapping, modes, event_id)
+        events, bucket_bad, bucket_names = _parse_bucket(
+            table, mapping, modes, event_id, request_id_base
+        )
         del table
         bad.extend(bucket_bad)
         names |= bucket_names
-        samples = BucketSamples(events, mapping.history)
+        samples = BucketSamples(events, mapping)
         stats.add(samples.stats(measure_zipf=bucket == 0))
         if plan.buckets == 1:
             kept = samples
@@ -1099,18 +1192,14 @@ def _samples_per_bucket(
             target = spill.root / f"samples-{bucket:04d}.arrow"
             write_sorted(
                 target,
-                samples.batches(
-                    schema, batch_rows=plan.batch_rows, request_id_base=request_id_base
-                ),
+                samples.batches(schema, batch_rows=plan.batch_rows),
                 schema,
             )
             sorted_paths.append(target)
 
     def batches() -> Iterator[pa.RecordBatch]:
         if kept is not None:
-            yield from kept.batches(
-                schema, batch_rows=plan.batch_rows, request_id_base=request_id_base
-            )
+            yield from kept.batches(schema, batch_rows=plan.batch_rows)
         else:
             yield from merge_files(
                 sorted_paths, scratch=spill.root, batch_rows=plan.batch_rows, schema=schema
@@ -1126,37 +1215,48 @@ def _output_schema(mapping: IngestMapping) -> pa.Schema:
 
 
 def _parse_bucket(
-    table: pa.Table, mapping: IngestMapping, modes: _Modes, event_id: dict[str, int]
+    table: pa.Table,
+    mapping: IngestMapping,
+    modes: _Modes,
+    event_id: dict[str, int],
+    request_id_base: int,
 ) -> tuple[BucketEvents, list[_BadLine], set[str]]:
     """Parse the core columns of a bucket with the resolved modes; report each bad line's first
-    bad field (core fields first, then the mapped features pass 1 checked)."""
+    bad field (core fields first, then the mapped features pass 1 checked, then a request key
+    shared by two sessions); build the good rows' events and samples."""
     n = table.num_rows
     if n == 0:
-        return _no_events_bucket(mapping), [], set()
+        return empty_events(mapping), [], set()
     col = {name: table.column(name).combine_chunks() for name in table.column_names}
     lines = np.asarray(col["line"].to_numpy(), dtype=np.int64)
-    itemless = np.asarray(col["itemless"].to_numpy(zero_copy_only=False), dtype=bool)
-    session, _ = _parse_session(col["session"], modes.session_ids)
+    history_only = np.asarray(col["history_only"].to_numpy(zero_copy_only=False), dtype=bool)
+    no_item = is_missing(col["item"])
+    kept_itemless = history_only & no_item & mapping.keep_itemless
+    session, _ = parse_session(col["session"], modes.session_ids)
     if mapping.ts_unit == "auto" and modes.ts_unit in ("ms", "s"):
-        ts, _ = _parse_ts(col["ts"], "number", number_unit=modes.ts_unit)
+        ts, _ = parse_ts(col["ts"], "number", number_unit=modes.ts_unit)
     else:
-        ts, _ = _parse_ts(col["ts"], modes.ts_unit)
-    parsed = {
-        "session": session,
-        "ts": ts,
-        "item": _parse_item(col["item"]),
-        "event": _Parsed(values=col["event"], failed=np.zeros(n, dtype=bool), problem=str),
+        ts, _ = parse_ts(col["ts"], modes.ts_unit)
+    parsed = {"session": session, "ts": ts, "item": parse_item(col["item"])}
+    # when a present value is required: items not on request rows of a per-request log (those
+    # pass 1 checked), not on kept itemless rows
+    required = {
+        "session": np.ones(n, dtype=bool),
+        "ts": np.ones(n, dtype=bool),
+        "item": np.zeros(n, dtype=bool) if mapping.candidates else ~kept_itemless,
+        "event": np.ones(n, dtype=bool),
     }
     names = _roles(mapping)
     bad: list[_BadLine] = []
     row_bad = np.asarray(col["flagged"].to_numpy(zero_copy_only=False), dtype=bool).copy()
-    for role in _ROLES:  # report the first failing field of each line
-        missing = _missing(col[role])
-        failed = parsed[role].failed & ~missing
-        if role == "item":
-            missing = missing & ~itemless
-            failed = failed & ~itemless
-        for mask, problem in ((missing, None), (failed, parsed[role].problem)):
+    for role in [r for r in ("session", "ts", "item", "event") if r in names]:
+        # report the first failing field of each line
+        missing = is_missing(col[role])
+        failed = parsed[role].failed & ~missing if role in parsed else np.zeros(n, dtype=bool)
+        for mask, problem in (
+            (missing & required[role], None),
+            (failed, parsed[role].problem if role in parsed else None),
+        ):
             for i in np.flatnonzero(mask & ~row_bad):
                 raw = col[role][int(i)].as_py()
                 message = "missing value" if problem is None else problem(raw)
@@ -1167,53 +1267,46 @@ def _parse_bucket(
     for j in np.flatnonzero(feature_bad & ~row_bad).tolist():
         bad.append(_BadLine(int(lines[j]), fields[j], problems[j]))
     row_bad |= feature_bad
+    request_key = parse_request_keys(col["request"]) if mapping.request else None
+    if request_key is not None and not mapping.candidates:
+        keyed = np.flatnonzero(~row_bad & ~history_only)
+        conflict = keyed[key_conflicts(session.values[keyed], request_key[keyed], lines[keyed])]
+        for i in conflict.tolist():
+            message = (
+                f"request key {quote(col['request'][i].as_py())} is used by another session "
+                "too: a request belongs to one session"
+            )
+            bad.append(_BadLine(int(lines[i]), names["request"], message))
+        row_bad[conflict] = True
     good = np.flatnonzero(~row_bad)
     take = pa.array(good)
-    event_names = col["event"].take(take)
-    encoded = pc.dictionary_encode(event_names)
+    encoded = pc.dictionary_encode(pc.fill_null(col["event"].take(take), ""))
     dictionary = encoded.dictionary.to_pylist()
-    ids = np.array([event_id[s] for s in dictionary], dtype=np.int64)[_indices(encoded)]
+    ids = np.array([event_id.get(s, 0) for s in dictionary], dtype=np.int64)[_indices(encoded)]
+    positive = None
+    if not mapping.label_columns:
+        flags = np.isin(np.array(dictionary, dtype=object), mapping.positives)
+        positive = flags[_indices(encoded)].astype(np.float32)
     item = np.asarray(parsed["item"].values)[good]
-    is_sample = ~itemless[good]
-    item = np.where(is_sample, item, mapping.itemless_item_id)
-    if mapping.labels:
-        labels = {c: np.asarray(col[f"label:{c}"].to_numpy())[good] for c in mapping.labels}
-    else:
-        positive = np.isin(np.array(dictionary, dtype=object), mapping.positives)
-        labels = {"label": positive[_indices(encoded)].astype(np.float32)}
-    events = BucketEvents(
+    itemless = kept_itemless[good]
+    rows = GoodRows(
         lines=lines[good],
-        session=np.asarray(parsed["session"].values)[good],
-        ts=np.asarray(parsed["ts"].values)[good],
-        item=item,
+        session=np.asarray(session.values)[good],
+        ts=np.asarray(ts.values)[good],
+        item=np.where(itemless, mapping.itemless_item_id, item),
+        has_item=~no_item[good] | itemless,
         event_ids=ids,
-        is_sample=is_sample,
-        labels=labels,
-        dense={c: np.asarray(col[f"dense:{c}"].to_numpy())[good] for c in mapping.dense},
-        sparse={
-            c: col[f"{kind}:{c}"].take(take)
-            for kind, columns in (("sparse", mapping.sparse), ("list", mapping.sparse_lists))
-            for c in columns
+        positive=positive,
+        history_only=history_only[good],
+        request_key=None if request_key is None else request_key[good],
+        columns={
+            name: column.take(take)
+            for name, column in col.items()
+            if name.split(":", 1)[0] in _FEATURE_KINDS and ":" in name
         },
     )
-    return events, bad, set(dictionary)
-
-
-def _no_events_bucket(mapping: IngestMapping) -> BucketEvents:
-    empty = np.zeros(0, dtype=np.int64)
-    return BucketEvents(
-        lines=empty,
-        session=empty,
-        ts=empty,
-        item=empty,
-        event_ids=empty,
-        is_sample=np.zeros(0, dtype=bool),
-        labels={name: np.zeros(0, np.float32) for name in mapping.label_names},
-        dense={c: np.zeros(0, np.float32) for c in mapping.dense},
-        sparse={
-            c: pa.array([], pa.list_(pa.int64())) for c in [*mapping.sparse, *mapping.sparse_lists]
-        },
-    )
+    events = build_events(rows, mapping, request_id_base=request_id_base)
+    return events, bad, {name for name in dictionary if name}
 
 
 def _resolve_format(path: Path, fmt: str | None) -> str:
@@ -1252,22 +1345,13 @@ def _no_events(path: Path, reason: str) -> NoEventsError:
     )
 
 
-def shorten(text: str) -> str:
-    """``text`` cut to ``QUOTE_CHARS`` characters + "…": how messages show input values."""
-    return text if len(text) <= QUOTE_CHARS else text[:QUOTE_CHARS] + "…"
-
-
-def _quote(value: str) -> str:
-    return repr(shorten(value))
-
-
 # ----------------------------------------------------------------------------- reading
 
 
 def _no_text() -> _TextColumns:
     return _TextColumns(
         lines=np.zeros(0, np.int64),
-        columns={role: pa.array([], pa.string()) for role in _ROLES},
+        columns={role: pa.array([], pa.string()) for role in _CORE[:2]},
         malformed=[],
         rows_in=0,
     )
@@ -1670,7 +1754,8 @@ def _json_columns_as_text(
     table: pa.Table, names: dict[str, str], line_numbers: np.ndarray, separator: str = "|"
 ) -> tuple[dict[str, pa.Array], list[_BadLine], np.ndarray]:
     """Each wanted field as strings (numbers, booleans, timestamps formatted); a list field of
-    a ``list:`` role (a sparse list feature) as its items joined by ``separator``.
+    a list role (``_LIST_KINDS``: sparse lists, histories, candidates and their parallel
+    lists) as its items joined by ``separator``.
 
     A field holding a JSON object or array (other than such a list) makes its line bad (first
     such field per line); returns the columns, those bad lines and the (N,) mask of rows they
@@ -1685,7 +1770,7 @@ def _json_columns_as_text(
             continue
         column = table.column(col).combine_chunks()
         typ = column.type
-        if role.startswith("list:") and _is_flat_list(typ):
+        if role.split(":", 1)[0] in _LIST_KINDS and _is_flat_list(typ):
             items = pc.cast(column, pa.list_(pa.string()))
             out[role] = pc.binary_join(items, separator)
         elif pa.types.is_nested(typ):
@@ -1718,129 +1803,6 @@ def _json_problem(text: str, arrow_error: str) -> str:
     if not isinstance(value, dict):
         return f"not a JSON object (got {type(value).__name__})"
     return f"cannot read line: {arrow_error.removeprefix('JSON parse error: ')}"
-
-
-# ----------------------------------------------------------------------------- parsing
-
-
-@dataclass(slots=True)
-class _Parsed:
-    """One column parsed: values for every row, and which rows failed with what problem."""
-
-    values: Any
-    failed: np.ndarray  # (N,) bool
-    problem: Callable[[str], str]  # raw text -> message
-
-
-def _missing(values: pa.Array) -> np.ndarray:
-    empty = pc.fill_null(pc.equal(values, ""), True)
-    return np.asarray(empty.to_numpy(zero_copy_only=False), dtype=bool)
-
-
-def _matches(values: pa.Array, pattern: str) -> np.ndarray:
-    matched = pc.fill_null(pc.match_substring_regex(values, pattern), False)
-    return np.asarray(matched.to_numpy(zero_copy_only=False), dtype=bool)
-
-
-def _cast_where(values: pa.Array, ok: np.ndarray, typ: pa.DataType) -> tuple[pa.Array, np.ndarray]:
-    """Cast the ``ok`` entries of ``values`` to ``typ``; others become null.
-
-    Returns the cast array and the updated ``ok`` mask: an entry the cast rejects (e.g. an
-    integer out of range, 30 February) is isolated by halving the failing range, so a few odd
-    values cost O(log N) casts each instead of a per-row loop.
-    """
-    masked = pc.if_else(pa.array(ok), values, pa.scalar(None, values.type))
-    cast, failed = _cast_bisect(masked, typ)
-    return cast, ok & ~failed
-
-
-def _cast_bisect(values: pa.Array, typ: pa.DataType) -> tuple[pa.Array, np.ndarray]:
-    try:
-        return pc.cast(values, typ), np.zeros(len(values), dtype=bool)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        if len(values) == 1:
-            return pa.nulls(1, typ), np.ones(1, dtype=bool)
-    mid = len(values) // 2
-    left, left_failed = _cast_bisect(values.slice(0, mid), typ)
-    right, right_failed = _cast_bisect(values.slice(mid), typ)
-    return pa.concat_arrays([left, right]), np.concatenate([left_failed, right_failed])
-
-
-def _to_int64(values: pa.Array) -> np.ndarray:
-    return np.asarray(pc.fill_null(values, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
-
-
-def _parse_session(values: pa.Array, mode: str) -> tuple[_Parsed, str]:
-    present = ~_missing(values)
-    is_int = _matches(values, _INT_RE) & present
-    if mode == "auto":
-        mode = "int" if is_int.sum() == present.sum() else "hash"
-    if mode == "hash":
-        return _Parsed(
-            values=hash_strings(values), failed=np.zeros(len(values), bool), problem=str
-        ), mode
-    cast, ok = _cast_where(values, is_int, pa.int64())
-    return (
-        _Parsed(
-            values=_to_int64(cast),
-            failed=~ok,
-            problem=lambda raw: (
-                f"cannot parse {_quote(raw)} as an integer session id "
-                "(use --session-ids hash for string ids)"
-            ),
-        ),
-        mode,
-    )
-
-
-def _parse_item(values: pa.Array) -> _Parsed:
-    cast, ok = _cast_where(values, _matches(values, _INT_RE), pa.int64())
-    ints = _to_int64(cast)
-    negative = ok & (ints < 0)
-
-    def problem(raw: str) -> str:
-        if raw.lstrip().startswith("-") and _matches(pa.array([raw]), _INT_RE)[0]:
-            return f"item id {raw} is negative (ids must be >= 0)"
-        return f"cannot parse {_quote(raw)} as an integer item id"
-
-    return _Parsed(values=ints, failed=~ok | negative, problem=problem)
-
-
-def _parse_ts(values: pa.Array, unit: str, number_unit: str | None = None) -> tuple[_Parsed, str]:
-    """Timestamps to epoch ms: (N,) int64, and the resolved unit (ms, s or iso).
-
-    ``unit`` ``number``: numbers, read as ``number_unit`` (ms or s; None: ms if any magnitude
-    here is >= 1e11), with the messages of ``auto``.
-    """
-    present = ~_missing(values)
-    numeric = _matches(values, _NUMBER_RE) & present
-    iso = _matches(values, _ISO_RE) & present
-    if unit == "auto":
-        unit = "iso" if iso.sum() > numeric.sum() else "number"
-    expected = _TS_EXPECTED["auto" if unit == "number" else unit]
-
-    def problem(raw: str) -> str:
-        return f"cannot parse {_quote(raw)} as a timestamp (expected {expected})"
-
-    if unit == "iso":
-        zoned = _matches(values, _ISO_ZONED_RE) & iso
-        naive_ns, naive_ok = _cast_where(values, iso & ~zoned, pa.timestamp("ns"))
-        zoned_ns, zoned_ok = _cast_where(values, zoned, pa.timestamp("ns", tz="UTC"))
-        ns = np.where(zoned, _to_int64(pc.cast(zoned_ns, pa.int64())), 0)
-        ns = np.where(naive_ok, _to_int64(pc.cast(naive_ns, pa.int64())), ns)
-        ok = naive_ok | zoned_ok
-        return _Parsed(values=np.floor_divide(ns, 1_000_000), failed=~ok, problem=problem), "iso"
-    cast, ok = _cast_where(values, numeric, pa.float64())
-    number = np.asarray(pc.fill_null(cast, 0.0).to_numpy(zero_copy_only=False), dtype=np.float64)
-    if unit == "number" and number_unit is not None:
-        unit = number_unit
-    elif unit == "number":
-        big = np.abs(number[ok]).max(initial=0.0) >= _MS_THRESHOLD
-        unit = "ms" if big else "s"
-    ms = number if unit == "ms" else number * 1000.0
-    ok &= np.isfinite(ms) & (np.abs(ms) < 2.0**62)
-    ms_int = np.rint(np.where(ok, ms, 0.0)).astype(np.int64)
-    return _Parsed(values=ms_int, failed=~ok, problem=problem), unit
 
 
 # ----------------------------------------------------------------------------- writing
