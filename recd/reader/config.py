@@ -98,9 +98,10 @@ class ReaderConfig:
     """Sparse feature columns (``list<int64>``, or any integer list; a plain integer column is
     a list of one id); None: all sparse features of the catalogue."""
     history_features: list[list[str]] = field(default_factory=list)
-    """A table without a recd catalogue: the sparse features that are histories (sequences the
-    ``rm1`` model pools with a transformer), in groups that change together; the others are
-    static features. Ignored for tables written by ``recd etl`` (their catalogue says)."""
+    """The sparse features that are histories (sequences the ``rm1`` model pools with a
+    transformer), in groups that change together; the others are not. A table without a recd
+    catalogue needs it to have histories at all; for a table written by ``recd etl`` it
+    replaces the catalogue's history groups (empty: the catalogue's)."""
     dedup_sparse_features: list[list[str]] = field(default_factory=list)
     """Groups of sparse features converted to IKJTs (one inverse lookup per group, O3); the
     others stay in the plain KJT. Each feature may appear in at most one group."""

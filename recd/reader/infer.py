@@ -67,14 +67,34 @@ def infer_catalogue(
 _MEASURED: dict[tuple[Any, ...], Catalogue] = {}
 
 
-def _measure(
-    files: Sequence[Path],
-    metas: Sequence[pq.FileMetaData],
-    labels: Sequence[str],
-    dense: Sequence[str],
-    sparse: Sequence[str],
-    history: Sequence[Sequence[str]],
+def with_history_features(
+    catalogue: Catalogue, history: Sequence[Sequence[str]], sparse: Sequence[str]
 ) -> Catalogue:
+    """``catalogue`` with ``[reader] history_features`` applied to a table that has a recd
+    catalogue: the listed groups are its histories (kind ``history``, one group each, as
+    :func:`infer_catalogue` names them), every other history feature becomes ``static`` (the
+    model pools it with the other sparse features). SchemaError for a name not in
+    ``sparse``. No groups: the catalogue as it is."""
+    if not history:
+        return catalogue
+    group_of = _history_groups(history, sparse)
+    features = []
+    for f in catalogue.sparse:
+        f = copy.copy(f)
+        if f.name in group_of:
+            f.kind, f.group = SparseKind.HISTORY, group_of[f.name]
+        elif f.kind is SparseKind.HISTORY:
+            f.kind, f.group = SparseKind.STATIC, None
+        features.append(f)
+    out = copy.copy(catalogue)
+    out.sparse = features
+    return out
+
+
+def _history_groups(
+    history: Sequence[Sequence[str]], sparse: Sequence[str]
+) -> dict[str, str | None]:
+    """Feature -> its history group name (None for a group of one), checking the names."""
     group_of: dict[str, str | None] = {}
     for i, group in enumerate(history):
         for name in group:
@@ -84,6 +104,18 @@ def _measure(
                     f"reader.sparse ({', '.join(sparse)})"
                 )
             group_of[name] = f"history_{i}" if len(group) > 1 else None
+    return group_of
+
+
+def _measure(
+    files: Sequence[Path],
+    metas: Sequence[pq.FileMetaData],
+    labels: Sequence[str],
+    dense: Sequence[str],
+    sparse: Sequence[str],
+    history: Sequence[Sequence[str]],
+) -> Catalogue:
+    group_of = _history_groups(history, sparse)
     features = []
     for name in sparse:
         max_id = _max_id(files, metas, name)

@@ -38,7 +38,7 @@ from recd.etl.tables import committed_files
 from recd.layout import PLAIN, Layout, layout_of
 from recd.layout_read import STACKED_COLUMNS
 from recd.reader.config import SPARSE_PREPROCESS_KINDS, ReaderConfig, Shuffle
-from recd.reader.infer import infer_catalogue
+from recd.reader.infer import infer_catalogue, with_history_features
 from recd.schema import (
     CATALOGUE_METADATA_KEY,
     SESSION_ID,
@@ -257,7 +257,9 @@ def build_plan(config: ReaderConfig) -> ReadPlan:
         for path, meta in zip(files, metas, strict=True)
     ]
     column_types = _check_schemas(files, metas, layouts, columns, sparse=sparse)
-    if catalogue is None:
+    if catalogue is not None:
+        catalogue = with_history_features(catalogue, config.history_features, sparse)
+    else:
         catalogue = infer_catalogue(
             files,
             metas,

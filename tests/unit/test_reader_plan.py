@@ -19,7 +19,9 @@ from recd.reader.plan import (
     order_units,
     session_order,
 )
+from recd.reader.infer import with_history_features
 from recd.reader.stream import iter_worker_batches
+from recd.schema import SparseKind
 
 from .reader_tables import make_rows, write_table
 
@@ -289,3 +291,27 @@ def test_float_ids_are_a_schema_error(tmp_path: Path) -> None:
 def test_empty_window_is_a_config_error(table: Path) -> None:
     with pytest.raises(ConfigError, match="no committed partition"):
         build_plan(ReaderConfig(table=str(table), start="2027-01-01"))
+
+
+def test_history_features_replace_the_catalogues_histories(table: Path) -> None:
+    """``[reader] history_features`` means one thing for every table: on a table with a recd
+    catalogue the listed groups are its histories, the catalogue's other histories are not."""
+    plain = build_plan(ReaderConfig(table=str(table)))
+    assert {f.kind for f in plain.catalogue.sparse} == {SparseKind.ITEM}
+    listed = build_plan(ReaderConfig(table=str(table), history_features=[["hist"], ["cart_a"]]))
+    kinds = {f.name: (f.kind, f.group) for f in listed.catalogue.sparse}
+    assert kinds == {
+        "hist": (SparseKind.HISTORY, None),
+        "cart_a": (SparseKind.HISTORY, None),
+        "cart_b": (SparseKind.ITEM, "cart"),
+        "item_id": (SparseKind.ITEM, None),
+    }
+    grouped = build_plan(
+        ReaderConfig(table=str(table), history_features=[["cart_a", "cart_b"]])
+    ).catalogue
+    again = with_history_features(grouped, [["hist"]], grouped.sparse_names)
+    kinds = {f.name: (f.kind, f.group) for f in again.sparse}
+    assert kinds["hist"] == (SparseKind.HISTORY, None)
+    assert kinds["cart_a"] == kinds["cart_b"] == (SparseKind.STATIC, None)  # no longer listed
+    with pytest.raises(SchemaError, match=r"history_features\[0\] names 'nope'"):
+        build_plan(ReaderConfig(table=str(table), history_features=[["nope"]]))
