@@ -147,6 +147,11 @@ class SessionModel:
     row per request."""
     max_candidates: int = 1
     """Impression logs: the longest candidate list (most requests show a full list)."""
+    repeat_list_prob: float = 0.0
+    """Impression logs: probability that a request shows the same candidate list as the
+    session's previous request (same items in the same order, same candidate-level values:
+    a second click-out from one result page, a reload); the first request of a session always
+    shows a fresh list."""
     servers: int = 8
     """Inference servers that log requests; their buffers interleave sessions in time."""
     start: str = "2026-11-01T00:00:00"
@@ -175,6 +180,10 @@ class SessionModel:
             raise ConfigError(
                 f"sessions.candidates_per_request must be in [1, max_candidates = "
                 f"{self.max_candidates}], got {self.candidates_per_request}"
+            )
+        if not 0.0 <= self.repeat_list_prob <= 1.0:
+            raise ConfigError(
+                f"sessions.repeat_list_prob must be in [0, 1], got {self.repeat_list_prob}"
             )
         if self.mean_samples < self.candidates_per_request:
             raise ConfigError(

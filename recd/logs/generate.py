@@ -66,7 +66,8 @@ Impression logs (``candidates_per_request`` C > 1)
     its ``request_id``, ts, server, static and history lists and ``request`` dense values.
     ``item`` sparse features (``unchanged_prob`` unused) and ``candidate`` dense features are
     fresh on every candidate row; a candidate's item list never repeats the previous
-    candidate's. Labels: per candidate ``logit = 3 * (pop - 1/2) - 3 * position /
+    candidate's. With ``repeat_list_prob`` a later request of a session shows its previous
+    request's list instead (same count, items and candidate values, in order). Labels: per candidate ``logit = 3 * (pop - 1/2) - 3 * position /
     max_candidates + 1 * (depth - 1/2)``, and the click is the argmax of logit + Gumbel noise
     over the request's candidates and a "no click" option whose logit is solved per chunk so
     the click rate per row is ``label_rate`` (at most 1 / C): one click per request at most,
@@ -257,6 +258,7 @@ class _SessionPlan:
     request_offsets: np.ndarray  # (N + 1,) int64 global request number of each session's first
     row_offsets: np.ndarray  # (N + 1,) int64 global row number of each session's first row
     candidates: np.ndarray | None  # (Q,) int64 candidate rows per request; None: one row each
+    list_source: np.ndarray | None  # (Q,) int64 the request whose candidate list each shows
     session_ids: np.ndarray  # (N,) int64
     request_base: int
     server_phase_ms: np.ndarray  # (servers,) int64
@@ -291,12 +293,19 @@ def _plan_sessions(model: SessionModel, n_sessions: int, seed: int) -> _SessionP
     request_offsets = np.zeros(n_sessions + 1, dtype=np.int64)
     np.cumsum(sizes, out=request_offsets[1:])
     row_offsets, candidates = request_offsets, None
+    list_source: np.ndarray | None = None
     if impressions:
+        list_rng = np.random.default_rng([seed, 3])
+        q = int(request_offsets[-1])
         candidates = candidate_counts(
-            np.random.default_rng([seed, 3]).random(int(request_offsets[-1])),
-            model.candidates_per_request,
-            model.max_candidates,
+            list_rng.random(q), model.candidates_per_request, model.max_candidates
         )
+        list_source = np.arange(q, dtype=np.int64)
+        if model.repeat_list_prob > 0:
+            repeat = list_rng.random(q) < model.repeat_list_prob
+            repeat[request_offsets[:-1]] = False  # a session's first request: a fresh list
+            list_source = np.maximum.accumulate(np.where(repeat, 0, list_source))
+            candidates = candidates[list_source]
         rows_before = np.concatenate([[0], np.cumsum(candidates)])
         row_offsets = rows_before[request_offsets]
     session_base, request_base, delay_salt = (int(x) for x in rng.integers(0, _INT64_MAX, 3))
@@ -307,6 +316,7 @@ def _plan_sessions(model: SessionModel, n_sessions: int, seed: int) -> _SessionP
         request_offsets=request_offsets,
         row_offsets=row_offsets,
         candidates=candidates,
+        list_source=list_source,
         session_ids=mix63(np.arange(n_sessions, dtype=np.uint64) + np.uint64(session_base)),
         request_base=request_base,
         server_phase_ms=rng.integers(0, 1 << 62, size=model.servers, dtype=np.int64),
@@ -816,11 +826,13 @@ class _Generator:
         server = rng.integers(0, model.servers, size=n, dtype=np.int64)
         counts: np.ndarray | None = None  # (Q,) candidates per request, in arrival order
         position: np.ndarray | None = None  # (R,) a row's place in its request's list
+        session_major_counts = slot = np.zeros(0, dtype=np.int64)  # impression logs: below
         if plan.candidates is None:
             keys = _Keys(self._arrival(ts, server), server, ts, requests)
             perm = keys.order()  # output row i is session-major row perm[i]
             rep, out_keys = perm, keys.take(perm)
         else:
+            assert plan.list_source is not None
             session_major_counts = plan.candidates[requests]
             row_start = plan.row_offsets[lo] + np.cumsum(session_major_counts)
             row_start -= session_major_counts
@@ -832,6 +844,11 @@ class _Generator:
                 np.cumsum(counts) - counts, counts
             )
             out_keys = _Keys(keys.arrival[rep], server[rep], ts[rep], row_start[rep] + position)
+            # candidate slots: the chunk's requests' candidates in session-major order; an
+            # output row shows the slot of its place in the list its request shows
+            source = plan.list_source[requests] - plan.request_offsets[lo]
+            slot_start = np.cumsum(session_major_counts) - session_major_counts
+            slot = slot_start[source[rep]] + position
         n_out = len(rep)
 
         columns: dict[str, pa.Array | pa.ChunkedArray] = {
@@ -847,7 +864,8 @@ class _Generator:
                 columns[f.name] = pa.array(at.astype(np.float32))
             elif f.kind is DenseKind.CANDIDATE:
                 values = f.scale * np.exp(DENSE_SIGMA * rng.standard_normal(n_out))
-                columns[f.name] = pa.array(values.astype(np.float32))
+                at_slot = values if counts is None else values[slot]
+                columns[f.name] = pa.array(at_slot.astype(np.float32))
             else:
                 change = rows.change_mask(rng, f.unchanged_prob)
                 event = np.cumsum(change) - 1
@@ -864,7 +882,7 @@ class _Generator:
                     depth = np.minimum(1.0, lengths / group.leader.max_length)
                 continue
             if group.leader.kind is SparseKind.ITEM and counts is not None:
-                fresh, first_ranks = _candidate_lists(group, counts, rng)
+                fresh, first_ranks = _candidate_lists(group, session_major_counts, slot, rng)
             else:
                 fresh, first_ranks = _fresh_lists(group, rows, rep, rng)
             columns.update(fresh)
@@ -916,18 +934,19 @@ def _fresh_lists(
 
 
 def _candidate_lists(
-    group: _SparseGroup, counts: np.ndarray, rng: np.random.Generator
+    group: _SparseGroup, counts: np.ndarray, slot: np.ndarray, rng: np.random.Generator
 ) -> tuple[dict[str, pa.Array | pa.ChunkedArray], np.ndarray]:
-    """Item features of an impression log: a fresh list on every candidate row.
+    """Item features of an impression log: a fresh list in every candidate slot.
 
-    ``counts`` (Q,) are the candidate rows of each request, whose rows are consecutive; a
-    candidate's list never repeats the previous candidate's in the same request. Returns the
-    list columns and each row's leader first rank (as ``_fresh_lists``), rows in that order.
+    ``counts`` (Q,) are the candidate slots of each request (session-major, consecutive); a
+    slot's list never repeats the previous slot's in the same request. Output row i shows
+    slot ``slot[i]`` (a request repeating an earlier list shows that request's slots).
+    Returns the list columns and each output row's leader first rank (as ``_fresh_lists``).
     """
     first = np.zeros(int(counts.sum()), dtype=bool)
     first[np.cumsum(counts) - counts] = True
     events = _Events.draw(group, first, rng)
-    return events.columns(group, None), events.first_rank(group)
+    return events.columns(group, slot), events.first_rank(group)[slot]
 
 
 @dataclass(slots=True)

@@ -595,3 +595,41 @@ def test_bad_impression_configurations_are_reported(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"max_samples // max_candidates \(2 requests\)"):
         generate_logs(_impression_catalogue(max_samples=29), tmp_path / "b", seed=1)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("repeat", [0.0, 0.6, 1.0])
+def test_a_session_repeats_its_previous_candidate_list_at_the_configured_rate(
+    tmp_path: Path, repeat: float
+) -> None:
+    """``repeat_list_prob``: a later request of a session shows the previous request's list
+    (items, candidate values, count) with that probability; first requests never do."""
+    catalogue = _impression_catalogue(repeat_list_prob=repeat)
+    generate_logs(catalogue, tmp_path / "raw", seed=5, show_progress=False)
+    table = _read(tmp_path / "raw")
+    starts, sizes = _request_runs(table)
+    session = table.column("session_id").to_numpy()[starts]
+    ts = table.column("ts").to_numpy()[starts]
+    item = table.column("item").to_pylist()
+    chain = table.column("hotel_chain").to_pylist()
+    price = table.column("price").to_numpy()
+    lists = {
+        (int(s), int(t)): (item[a : a + n], chain[a : a + n], price[a : a + n].tolist())
+        for s, t, a, n in zip(session, ts, starts, sizes, strict=True)
+    }
+    by_session: dict[int, list[int]] = {}
+    for s, t in sorted(lists):
+        by_session.setdefault(s, []).append(t)
+    later = [
+        lists[s, t] == lists[s, before]
+        for s, times in by_session.items()
+        for before, t in itertools.pairwise(times)
+    ]
+    assert len(later) > 300
+    if repeat == 0.0:
+        assert not any(later)  # fresh lists are never equal by chance here
+    elif repeat == 1.0:
+        assert all(later)
+    else:
+        assert np.mean(later) == pytest.approx(repeat, abs=0.07)
+    # every row belongs to exactly one request
+    assert table.num_rows == sum(len(v[0]) for v in lists.values())
