@@ -110,6 +110,7 @@ class SampleStats:
     hist_sum: float = 0.0  # sum of hist_len over samples
     pairs: int = 0  # consecutive samples of one session
     request_pairs: int = 0  # consecutive requests of one session
+    list_repeats: int = 0  # of which the later shows the earlier's candidate items
     gap_s_sum: float = 0.0  # their ts differences
     log_session_sum: float = 0.0  # sum of ln(requests per session)
     max_session: int = 0  # most samples of one session
@@ -137,6 +138,7 @@ class SampleStats:
             "hist_sum",
             "pairs",
             "request_pairs",
+            "list_repeats",
             "gap_s_sum",
             "log_session_sum",
         ):
@@ -304,6 +306,8 @@ class BucketSamples:
         out.pairs = int(same.sum())
         same_session = ev.session[events_sorted][1:] == ev.session[events_sorted][:-1]
         out.request_pairs = int(same_session.sum())
+        keys = _list_keys(ev.counts[events_sorted], cand.item[order])  # a request's items
+        out.list_repeats = int(((keys[1:] == keys[:-1]) & same_session).sum())
         out.gap_s_sum = float((np.diff(ev.ts[events_sorted])[same_session]).sum() / 1000.0)
 
         def unchanged(values: np.ndarray) -> int:
@@ -512,6 +516,11 @@ def build_catalogue(stats: SampleStats, mapping: IngestMapping, *, event_types: 
             label_rate=min(max(rate, 1e-6), 1 - 1e-6),
             candidates_per_request=max(1.0, per_candidate),
             max_candidates=max(1, stats.max_candidates),
+            repeat_list_prob=(
+                stats.list_repeats / stats.request_pairs
+                if per_request and stats.request_pairs
+                else 0.0
+            ),
         ),
     )
 

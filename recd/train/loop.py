@@ -424,7 +424,7 @@ class Trainer:
         with bar:
             bar.update(first_step)
             while self.step < total and self._stop_reason is None:
-                t0 = time.perf_counter()
+                t0, cpu0 = time.perf_counter(), time.process_time()
                 try:
                     batch = next(self._batches).to(self.device)
                     loss, rows = self.train_step(batch)
@@ -437,14 +437,14 @@ class Trainer:
                     continue
                 if not (math.isfinite(loss) or cfg.accept_nonfinite):
                     raise self._diverged(self.step + 1, loss)  # the same on every rank
-                dt = time.perf_counter() - t0
+                dt, cpu = time.perf_counter() - t0, time.process_time() - cpu0
                 self.step += 1
                 if self.recovery is not None:
                     self.recovery.after_step(self.step)
                 losses.append(loss)
                 samples += rows
                 train_s += dt
-                window.add(loss, rows, dt)
+                window.add(loss, rows, dt, cpu)
                 bar.update(1)
                 if self.step % cfg.log_every == 0 or self.step == total:
                     record = self._log_record(window)
@@ -747,6 +747,7 @@ class Trainer:
             "loss": window.mean_loss,
             "loss_last": window.last_loss,
             "samples_per_s": window.samples_per_s,
+            "samples_per_cpu_s": window.samples_per_cpu_s,
             "peak_rss_bytes": peak_rss_bytes(),
         }
         cuda = peak_cuda_bytes(self.device)
@@ -785,16 +786,19 @@ class Trainer:
 
 @dataclass(slots=True)
 class _Window:
-    """Losses, rows and seconds since the last log line."""
+    """Losses, rows and seconds since the last log line (wall, and CPU of this process:
+    the batch's reading when the reader runs in-process, and the step)."""
 
     losses: list[float] = field(default_factory=list)
     rows: int = 0
     seconds: float = 0.0
+    cpu_seconds: float = 0.0
 
-    def add(self, loss: float, rows: int, seconds: float) -> None:
+    def add(self, loss: float, rows: int, seconds: float, cpu_seconds: float) -> None:
         self.losses.append(loss)
         self.rows += rows
         self.seconds += seconds
+        self.cpu_seconds += cpu_seconds
 
     @property
     def mean_loss(self) -> float:
@@ -807,6 +811,10 @@ class _Window:
     @property
     def samples_per_s(self) -> float:
         return self.rows / self.seconds if self.seconds > 0 else math.nan
+
+    @property
+    def samples_per_cpu_s(self) -> float:
+        return self.rows / self.cpu_seconds if self.cpu_seconds > 0 else math.nan
 
 
 class _MetricsWriter:

@@ -157,6 +157,7 @@ def test_recd_train_learns_and_writes_metrics_and_plot(tmp_path: Path, table: Pa
     assert [r["step"] for r in evals] == [50, 100]
     for r in train_lines:
         assert r["samples_per_s"] > 0 and r["peak_rss_bytes"] > 0
+        assert r["samples_per_cpu_s"] > 0  # the reader runs in-process: its CPU counts too
     assert train_lines[-1]["loss"] < train_lines[0]["loss"]
 
     summary = json.loads((run_dir / "train.json").read_text())["result"]

@@ -140,6 +140,7 @@ def test_the_catalogue_of_an_impression_log(tmp_path: Path) -> None:
     history = catalogue.sparse_feature("hist_item_ids")
     assert history.unchanged_prob == pytest.approx(6 / 8)
     assert sessions.mean_gap_s == pytest.approx((20 + 55) / 2)  # a: 120 -> 140, b: 105 -> 160
+    assert sessions.repeat_list_prob == 0.0  # no session shows one list twice
 
 
 def test_both_shapes_of_one_log_write_the_same_samples(tmp_path: Path) -> None:
@@ -394,3 +395,14 @@ def test_a_request_key_of_two_sessions_is_quarantined(tmp_path: Path) -> None:
     (bad,) = [json.loads(x) for x in (tmp_path / "out" / QUARANTINE_FILE).read_text().splitlines()]
     assert bad["line"] == 4 and bad["field"] == "request"
     assert "used by another session" in bad["reason"]
+
+
+def test_the_catalogue_measures_how_often_a_session_repeats_a_list(tmp_path: Path) -> None:
+    text = "sid,ts,c,clicked\n1,10,5|6,5\n1,20,5|6,6\n1,30,7|5,\n2,15,5|6,\n2,25,5|6,5\n"
+    src = _write(tmp_path, "r.csv", text)
+    mapping = IngestMapping(
+        session="sid", item="", event="", candidates="c", clicked="clicked", history=0
+    )
+    ingest_events(src, tmp_path / "out", mapping=mapping, show_progress=False)
+    sessions = rawlog.read_catalogue(tmp_path / "out").sessions
+    assert sessions.repeat_list_prob == pytest.approx(2 / 3)  # 1: same, other; 2: same
