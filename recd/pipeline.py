@@ -7,7 +7,7 @@ A pipeline config (``recd/pipelines/*.toml``) names a work directory and one tab
     [ingest]   input, format, mapping (a file or [ingest.mapping]) (your own event log)
     [shard]    num_shards, block_bytes, zstd_level
     [etl]      row_group_rows, zstd_level, memory_budget_mb
-    [analyze]  batch_size, threshold
+    [analyze]  batch_size, threshold, pricing
     [train]    config (a training TOML), steps, holdout_hours
 
 Stages write into ``work_dir``: ``raw/`` (arrival order), ``shards/{session,random}/`` (O1),
@@ -25,13 +25,17 @@ import os
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import tomli_w
 
+from recd.analyze.defaults import PRICINGS, Pricing
 from recd.config_types import build_section
 from recd.errors import ConfigError
 from recd.logs.ingest_mapping import IngestMapping
+
+if TYPE_CHECKING:
+    from recd.analyze.table import TableAnalysis
 
 
 @dataclass(kw_only=True, slots=True)
@@ -114,12 +118,29 @@ class EtlStage:
 
 @dataclass(kw_only=True, slots=True)
 class AnalyzeStage:
-    """Per-feature dedup analysis of the clustered table."""
+    """Per-feature dedup analysis of the clustered table and the dedup groups the training
+    stage uses: ``recd analyze WORK/table --config WORK/train.toml`` (without ``--config``
+    when ``[train] config`` is empty), the command the stage prints."""
 
-    batch_size: int = 512
-    """Batch size B of the analytic model and of the measured DedupeFactor."""
+    batch_size: int | None = None
+    """Batch size B of the analytic model, of the measured DedupeFactor and of the timed
+    batches; None: the training job's ``[reader] batch_size`` (``[train] config``), else 512."""
     threshold: float = 1.5
     """Propose deduplicating features whose DedupeFactor exceeds this."""
+    pricing: Pricing = "job"
+    """What decides which candidates are proposed: ``job`` (the reader + the training step of
+    the ``[train] config`` job, or of the default training config, timed on the table's own
+    batches), ``reader`` (the reader alone, timed; one-id single features refused) or
+    ``factor`` (the dedup factor alone, the paper's rule)."""
+
+    def __post_init__(self) -> None:
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ConfigError(f"[analyze] batch_size must be >= 1, got {self.batch_size}")
+        if self.pricing not in PRICINGS:
+            raise ConfigError(
+                f"[analyze] pricing = {self.pricing!r}: expected one of "
+                f"{', '.join(map(repr, PRICINGS))}"
+            )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -162,8 +183,6 @@ class PipelineConfig:
         self.work_dir = Path(self.work_dir)
         if self.shard.num_shards < 1:
             raise ConfigError(f"shard.num_shards must be >= 1, got {self.shard.num_shards}")
-        if self.analyze.batch_size < 1:
-            raise ConfigError(f"analyze.batch_size must be >= 1, got {self.analyze.batch_size}")
 
     @classmethod
     def from_toml(cls, path: Path) -> PipelineConfig:
@@ -216,7 +235,6 @@ class PipelineConfig:
 
 def run_pipeline(config: PipelineConfig, *, show_progress: bool = True) -> dict[str, Any]:
     """Run every stage; print a summary per stage; return (and save) the combined report."""
-    from recd.analyze import analyze_table, format_report
     from recd.etl.config import EtlConfig
     from recd.etl.local import run_etl
     from recd.logs.generate import generate_logs
@@ -299,14 +317,7 @@ def run_pipeline(config: PipelineConfig, *, show_progress: bool = True) -> dict[
         f"{ratio:.2f}x smaller, {clustered.bytes_out / max(clustered.rows_out, 1):.0f} B/sample"
     )
 
-    analysis = analyze_table(
-        work / "table", batch_size=config.analyze.batch_size, threshold=config.analyze.threshold
-    )
-    report["analyze"] = analysis.to_dict()
-    print(
-        f"[4/5 analyze] per-feature dedup analysis of the clustered table (B = {config.analyze.batch_size}):"
-    )
-    print(format_report(analysis))
+    analysis, report["analyze"] = analysis_stage(config, work)
 
     if config.train.config:
         train_config = config.config_dir / config.train.config
@@ -328,6 +339,45 @@ def run_pipeline(config: PipelineConfig, *, show_progress: bool = True) -> dict[
     if "train" in report:
         print_outputs(work, report["train"])
     return report
+
+
+def analysis_stage(config: PipelineConfig, work: Path) -> tuple[TableAnalysis, dict[str, Any]]:
+    """Stage 4: the dedup analysis of ``work/table`` priced for the training job, exactly as
+    ``recd analyze work/table --config work/train.toml`` runs it (the printed command): the
+    ``[train] config`` template is that job before the training stage writes ``train.toml``
+    from it (the table, window, held-out range, dedup groups and steps it replaces are
+    replaced or unread by the analysis too); without one, the default training config. Returns the
+    :class:`recd.analyze.TableAnalysis` and its report entry (the analysis, the command, the
+    stage's wall seconds)."""
+    import time
+
+    from recd.analyze import analyze_command, analyze_for_job, format_report
+
+    stage = config.analyze
+    template = config.config_dir / config.train.config if config.train.config else None
+    began = time.perf_counter()
+    analysis = analyze_for_job(
+        work / "table",
+        config=template,
+        pricing=stage.pricing,
+        batch_size=stage.batch_size,
+        threshold=stage.threshold,
+    )
+    seconds = time.perf_counter() - began
+    command = analyze_command(
+        work / "table",
+        config=work / "train.toml" if template is not None else None,
+        pricing=stage.pricing,
+        batch_size=stage.batch_size,
+        threshold=stage.threshold,
+    )
+    print(
+        f"[4/5 analyze] per-feature dedup analysis of the clustered table "
+        f"(B = {analysis.batch_size}, {seconds:.1f} s):"
+    )
+    print(format_report(analysis))
+    print(f"[4/5 analyze] the same analysis again: {command}")
+    return analysis, {**analysis.to_dict(), "command": command, "seconds": seconds}
 
 
 def ingest_stage(

@@ -1,9 +1,12 @@
 """Dedup analysis of a table (``recd analyze``).
 
 RecD's analytic model per feature (S, d(f), l(f), DedupeLen, DedupeFactor), the factor measured
-at the reader's own batch boundaries, and a ``dedup_sparse_features`` proposal that keeps only
-groups whose dedup makes the reader faster on this machine, timed on the table's own batches
-(:mod:`.costs`).
+at the reader's own batch boundaries (:mod:`.table`), and a ``dedup_sparse_features`` proposal
+that keeps only groups whose dedup makes the training job faster on this machine: the reader's
+conversion and preprocessing plus the trainer step of the job's own model, timed on the
+table's own batches (:mod:`.costs`, :mod:`.trainer_cost`). :func:`analyze_for_job`
+(:mod:`.job`) is what ``recd analyze`` and ``recd run`` call: a training config (or the
+default one) in, the proposal priced for that job out.
 
 The names below load their submodule on first use (PEP 562): the cost model needs torch and
 torchrec, and ``recd --help`` or ``from recd.analyze.defaults import ...`` should not pay for
@@ -22,15 +25,25 @@ _HOME = {
         "DEFAULT_SYNC_THRESHOLD",
         "DEFAULT_THRESHOLD",
         "PAY_MARGIN",
+        "PRICINGS",
+        "Pricing",
     ),
     "costs": (
         "Choice",
         "ConfigTimer",
+        "Cost",
         "JobTimer",
         "choose_groups",
         "hash_all_preprocessing",
         "sample_batches",
     ),
+    "job": (
+        "analyze_command",
+        "analyze_for_job",
+        "default_train_config",
+        "job_for_table",
+    ),
+    "trainer_cost": ("TrainerStep",),
     "table": (
         "DedupCounts",
         "FeatureAnalysis",
@@ -45,6 +58,7 @@ _HOME = {
         "dedupe_len",
         "format_report",
         "is_clustered",
+        "pricing_rule",
         "propose_groups",
         "reader_dedup_counts",
         "session_breaks",
@@ -57,24 +71,33 @@ __all__ = [
     "DEFAULT_SYNC_THRESHOLD",
     "DEFAULT_THRESHOLD",
     "PAY_MARGIN",
+    "PRICINGS",
     "Choice",
     "ConfigTimer",
+    "Cost",
     "DedupCounts",
     "FeatureAnalysis",
     "GroupProposal",
     "JobTimer",
+    "Pricing",
     "RejectedGroup",
     "SyncPair",
     "TableAnalysis",
+    "TrainerStep",
     "adjacent_unchanged",
+    "analyze_command",
+    "analyze_for_job",
     "analyze_rows",
     "analyze_table",
     "choose_groups",
     "dedupe_factor",
     "dedupe_len",
+    "default_train_config",
     "format_report",
     "hash_all_preprocessing",
     "is_clustered",
+    "job_for_table",
+    "pricing_rule",
     "propose_groups",
     "reader_dedup_counts",
     "sample_batches",
@@ -87,6 +110,7 @@ if TYPE_CHECKING:
     from recd.analyze.costs import (
         Choice,
         ConfigTimer,
+        Cost,
         JobTimer,
         choose_groups,
         hash_all_preprocessing,
@@ -97,6 +121,14 @@ if TYPE_CHECKING:
         DEFAULT_SYNC_THRESHOLD,
         DEFAULT_THRESHOLD,
         PAY_MARGIN,
+        PRICINGS,
+        Pricing,
+    )
+    from recd.analyze.job import (
+        analyze_command,
+        analyze_for_job,
+        default_train_config,
+        job_for_table,
     )
     from recd.analyze.table import (
         DedupCounts,
@@ -112,12 +144,14 @@ if TYPE_CHECKING:
         dedupe_len,
         format_report,
         is_clustered,
+        pricing_rule,
         propose_groups,
         reader_dedup_counts,
         session_breaks,
         table_sparse_features,
         write_json,
     )
+    from recd.analyze.trainer_cost import TrainerStep
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _HOME, globals())

@@ -1,47 +1,56 @@
-"""Which dedup groups make the reader faster, measured on the table's own batches.
+"""Which dedup groups make a job faster, measured on the table's own batches.
 
 A dedup group turns K sparse columns of a batch from part of the plain KJT into an IKJT. The
 reader then pays the dedup conversion (stacking, run check, hash table, inverse, gathering the
 distinct rows, one more preprocessing call) and saves the work it would have spent on the
-duplicate rows (copying their ids, running the preprocessing modules on them). Whether that
-pays depends on the machine, the preprocessing and the group's shape: a length-1 feature saves
-one id per duplicate row while its dedup costs a hash-table probe per row, so a high
-DedupeFactor alone does not make a group worth deduplicating (a real clickstream's item id:
-factor 5-8, and the reader got slower).
+duplicate rows (copying their ids, running the preprocessing modules on them). The trainer
+saves more: the model (:mod:`recd.models`) looks a group's ids up once per distinct row, runs
+the ``rm1`` sequence transformers once per distinct sequence, and expands the results with an
+``index_select`` (whose backward sums the duplicate rows' gradients). Whether a group pays
+depends on the machine, the preprocessing, the model and the group's shape, so a high
+DedupeFactor alone does not decide it: a one-id item feature saves the reader one id per
+duplicate row while its dedup costs a hash-table probe per row, and a history group repeated
+on every candidate row of a request saves the trainer a transformer pass per repeat.
 
-So the reader itself is timed: on a sample of the batches it cuts from the table (evenly
-spaced, full batches), its conversion + sparse preprocessing code
-(:func:`recd.tensors.convert.convert_sparse` and the job's TorchScript modules, as
-:class:`recd.reader.transform.BatchTransform` runs them) runs each configuration of dedup
-groups (:class:`JobTimer`: one warm-up pass per configuration), and :func:`choose_groups`
-keeps the candidates by backward elimination *in context*: with every candidate
-deduplicated, each one is left out in turn, and a group stays only if leaving it out costs
-the job more than :data:`PAY_MARGIN` of the plain job's time; what remains must beat the
+So the job itself is timed (:class:`JobTimer`), on a sample of the batches the reader cuts from
+the table (evenly spaced, full batches). One pass over the sample, per configuration of dedup
+groups, is what the job does with those batches:
+
+* **reader**: conversion + the job's sparse preprocessing
+  (:func:`recd.tensors.convert.convert_sparse` and the job's TorchScript modules, as
+  :class:`recd.reader.transform.BatchTransform` runs them), on one thread, as a reader worker
+  runs;
+* **trainer** (priced for a training job, :class:`recd.analyze.trainer_cost.TrainerStep`): one
+  training step of the job's own model per batch (zero_grad, forward, loss, backward, Adam),
+  on the job's ``train.num_threads``, fed the sparse features that pass produced. Dense
+  features and labels are zeros (B x N, B x T): the dense work is the same in every
+  configuration, so it cancels in the differences that decide.
+
+Each configuration is warmed up by one pass. :func:`choose_groups` keeps the candidates by
+backward elimination *in context*: with every candidate deduplicated, each one is left out in
+turn, and a group stays only if leaving it out costs the priced job (reader + trainer, or the
+reader alone) more than :data:`PAY_MARGIN` of the plain job's time; what remains must beat the
 plain job by that margin too, else nothing is proposed.
 
 Every such verdict is a *paired* comparison (:meth:`JobTimer.difference`): the two
-configurations' passes alternate (a b, b a, a b, ...) and the median of the per-pair
-differences counts. Timing each configuration once and subtracting the medians let one slow
-second of the machine decide: on rm1-like, a run in which the every-group configuration was
-timed during such a second found every group "costing" 0.2-1.6 ms per 1k samples and
-proposed none (the benchmark's reader then ran 1.10x instead of ~1.5x); the runs before
-found the same groups saving 1.8-3.9 ms.
+configurations' passes alternate (a b, b a, a b, ...) and the pair of median total difference
+counts (its reader and trainer parts are the split reported per group). Timing each
+configuration once and subtracting the medians let one slow second of a shared machine decide:
+a run in which the every-group configuration was timed during such a second found every group
+"costing" and proposed none, where the runs before found the same groups saving.
 
-In context, because savings do not add up. On rm1-like at batch 2048 (hash + truncate
-preprocessing), timing each group alone against the plain job kept 2 of 5 groups (1.25x over
-the baseline reader in the benchmark) while all 5 together gave 1.50x: the sequence groups
-each saved 0-1 ms per 1k samples alone but 2.1 ms together, next to the user group (a smaller
-plain KJT stays in cache). A first design, a per-machine linear model fitted on synthetic
-batches, mispredicted the same groups by up to 1.4 ms per 1k samples.
+In context, because savings do not add up: on rm1-like, groups that each saved next to nothing
+alone saved clearly together (a smaller plain KJT stays in cache), so timing each group alone
+against the plain job kept fewer groups than pay. A first design, a per-machine linear model
+fitted on synthetic batches, mispredicted the same groups badly.
 
-The timings are still noisy on a shared machine, so a group near the margin can go either
-way between runs; either verdict then costs or saves little. ``recd analyze`` times the reader with
+The timings are still noisy on a shared machine, so a group near the margin can go either way
+between runs; either verdict then costs or saves little. ``recd analyze`` times the reader with
 fixed malloc thresholds, as reader worker processes run (:mod:`recd.reader.memory`): with
-glibc's dynamic threshold the plain rm1-like job alone moved between 8 and 14 ms per 1k
-samples in one process.
-
-What it leaves out: the trainer-side savings (lookups and transformers once per distinct row),
-which only add to a group's gain; a group rejected here may still pay in the trainer.
+glibc's dynamic threshold the plain job's reader time moved by half between passes of one
+process. A trainer-priced analysis times fewer rows per pass (:data:`JOB_SAMPLE_ROWS`, in
+:data:`JOB_REPS` passes per configuration): a training step costs far more than converting
+its batch, and the analysis must stay a step of ``recd run``, not a second training run.
 """
 
 from __future__ import annotations
@@ -52,7 +61,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import torch
@@ -64,18 +73,67 @@ from recd.reader.plan import ReadPlan, build_plan
 from recd.reader.stored_ops import split_preprocessing
 from recd.reader.stream import iter_worker_batches
 from recd.reader.transform import build_preprocessing
+from recd.tensors.batch import SparseFeatures
 from recd.tensors.convert import FeatureSpec, convert_sparse
 from recd.tensors.preprocess import preprocess_sparse
 
 SAMPLE_BATCHES = 12
-"""Full batches of the table timed (evenly spaced over the table)."""
+"""Full batches of the table timed (evenly spaced over the table), reader only."""
 REPS = 5
-"""Timed passes over the sample per configuration; the median counts."""
+"""Timed passes over the sample per configuration, reader only; the median counts."""
+JOB_SAMPLE_ROWS = 2048
+"""Rows of full batches timed when the trainer step is priced too (each batch costs a
+training step): ``ceil(JOB_SAMPLE_ROWS / B)`` batches, at least one, at most
+:data:`SAMPLE_BATCHES`, so that a pass costs about the same whatever the batch size."""
+JOB_REPS = 5
+"""Timed passes (or pairs of passes) per configuration when the trainer step is priced too."""
 
-ConfigTimer = Callable[[list[list[str]]], float]
-"""Reader seconds per sample of the job with the given dedup groups (plain KJT for the rest).
-A :class:`JobTimer` also times pairs of configurations against each other; any other timer
-(a model, a test's) is compared by subtraction."""
+
+def job_sample_batches(batch_size: int) -> int:
+    """Batches sampled for a trainer-priced analysis at batch size ``batch_size``."""
+    return max(1, min(SAMPLE_BATCHES, -(-JOB_SAMPLE_ROWS // batch_size)))
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """Seconds per sample of one configuration of dedup groups (or a difference of two),
+    split into the reader's and the trainer's part."""
+
+    reader_s: float
+    """Conversion + sparse preprocessing."""
+    trainer_s: float = 0.0
+    """The job's training step; 0 when only the reader is timed."""
+
+    @property
+    def total_s(self) -> float:
+        return self.reader_s + self.trainer_s
+
+    def __sub__(self, other: Cost) -> Cost:
+        return Cost(self.reader_s - other.reader_s, self.trainer_s - other.trainer_s)
+
+    def per(self, rows: int) -> Cost:
+        """Seconds of a pass -> seconds per sample of a pass over ``rows`` samples."""
+        return Cost(self.reader_s / rows, self.trainer_s / rows)
+
+
+ConfigTimer = Callable[[list[list[str]]], float | Cost]
+"""Seconds per sample of the job with the given dedup groups (plain KJT for the rest): a float
+(the reader alone) or a :class:`Cost` (reader and trainer). A :class:`JobTimer` also times
+pairs of configurations against each other (``difference``); any other timer (a model, a
+test's) is compared by subtraction."""
+
+
+def as_cost(value: float | Cost) -> Cost:
+    """A timer's answer as a :class:`Cost` (a float is the reader's part)."""
+    return value if isinstance(value, Cost) else Cost(float(value))
+
+
+class TrainerPart(Protocol):
+    """The trainer's side of a priced job (:class:`recd.analyze.trainer_cost.TrainerStep`)."""
+
+    def seconds(self, batches: list[SparseFeatures]) -> float:
+        """Wall seconds of one training step per batch of ``batches``."""
+        ...
 
 
 @dataclass(kw_only=True, slots=True)
@@ -84,45 +142,72 @@ class Choice:
 
     groups: list[list[str]]
     """Groups kept, in candidate order."""
-    saving_s: dict[tuple[str, ...], float]
+    saving: dict[tuple[str, ...], Cost]
     """Per candidate group: job time without it minus job time with it, the other groups of
-    its last round deduplicated (seconds per sample)."""
-    plain_s: float
+    its last round deduplicated (seconds per sample, reader and trainer parts)."""
+    plain: Cost
     """The job with no group deduplicated (seconds per sample)."""
-    chosen_s: float
+    chosen: Cost
     """The job with the kept groups."""
     rounds: int
+    """Elimination rounds run."""
+    trainer_priced: bool = True
+    """The verdicts priced the reader + trainer total (False: the reader's part alone)."""
+
+    def price(self, cost: Cost) -> float:
+        """What a verdict compares: the total, or the reader's part."""
+        return cost.total_s if self.trainer_priced else cost.reader_s
+
+    @property
+    def saving_s(self) -> dict[tuple[str, ...], float]:
+        """Per candidate group, the priced saving (seconds per sample)."""
+        return {g: self.price(c) for g, c in self.saving.items()}
+
+    @property
+    def plain_s(self) -> float:
+        return self.price(self.plain)
+
+    @property
+    def chosen_s(self) -> float:
+        return self.price(self.chosen)
 
 
-def choose_groups(candidates: list[list[str]], timer: ConfigTimer) -> Choice:
+def choose_groups(
+    candidates: list[list[str]], timer: ConfigTimer, *, trainer_priced: bool = True
+) -> Choice:
     """Backward elimination in context (module doc): at most one round per candidate. The
-    savings are paired differences when ``timer`` is a :class:`JobTimer`."""
-    plain = timer([])
-    difference = (
-        timer.difference if isinstance(timer, JobTimer) else lambda a, b: timer(a) - timer(b)
+    savings are paired differences when ``timer`` has a ``difference`` (a :class:`JobTimer`).
+    ``trainer_priced=False``: the verdicts compare the timer's reader part only."""
+    paired = getattr(timer, "difference", None)
+
+    def difference(a: list[list[str]], b: list[list[str]]) -> Cost:
+        if paired is not None:
+            return as_cost(paired(a, b))
+        return as_cost(timer(a)) - as_cost(timer(b))
+
+    plain = as_cost(timer([]))
+    choice = Choice(
+        groups=[], saving={}, plain=plain, chosen=plain, rounds=0, trainer_priced=trainer_priced
     )
+    margin = PAY_MARGIN * choice.plain_s
     kept = [list(g) for g in candidates]
-    saving: dict[tuple[str, ...], float] = {}
-    rounds = 0
     while kept:
-        rounds += 1
-        with_all = timer(kept)
+        choice.rounds += 1
         for g in kept:
-            saving[tuple(g)] = difference([h for h in kept if h is not g], kept)
-        keep = [g for g in kept if saving[tuple(g)] > PAY_MARGIN * plain]
+            choice.saving[tuple(g)] = difference([h for h in kept if h is not g], kept)
+        keep = [g for g in kept if choice.price(choice.saving[tuple(g)]) > margin]
         if len(keep) == len(kept):
-            if difference([], kept) > PAY_MARGIN * plain:
-                return Choice(
-                    groups=kept, saving_s=saving, plain_s=plain, chosen_s=with_all, rounds=rounds
-                )
+            if choice.price(difference([], kept)) > margin:
+                choice.groups, choice.chosen = kept, as_cost(timer(kept))
+                return choice
             keep = []
         kept = keep
-    return Choice(groups=[], saving_s=saving, plain_s=plain, chosen_s=plain, rounds=rounds)
+    return choice
 
 
-def hash_all_preprocessing(sparse: Sequence[str]) -> list[dict[str, Any]]:
+def hash_all_preprocessing(sparse: Sequence[str], *, modulo: int = 1 << 20) -> list[dict[str, Any]]:
     """``--preprocessed``: ``hash_modulo`` of every sparse feature (a typical reader job)."""
-    return [{"kind": "hash_modulo", "features": list(sparse), "modulo": 1 << 20}]
+    return [{"kind": "hash_modulo", "features": list(sparse), "modulo": modulo}]
 
 
 def sparse_preprocessing(
@@ -211,9 +296,13 @@ def sample_batches(
 class JobTimer:
     """Times a job's configurations of dedup groups over ``batches`` (a list, or a callable
     reading it when the first configuration is timed): each configuration's conversion +
-    sparse preprocessing with its own compiled module (as a reader has), warmed up by one
+    sparse preprocessing with its own compiled module (as a reader has) and, with a
+    ``trainer``, the job's training step on what that conversion produced; warmed up by one
     pass. ``stacked``: the features that arrive preprocessed (:func:`sample_batches` with
-    the same preprocessing), which the module leaves out as the reader's does."""
+    the same preprocessing), which the module leaves out as the reader's does.
+
+    Without a trainer a configuration's time is a float (seconds per sample, the reader);
+    with one, a :class:`Cost` (reader and trainer parts)."""
 
     def __init__(
         self,
@@ -223,39 +312,46 @@ class JobTimer:
         preprocessing: list[dict[str, Any]],
         stacked: Sequence[str] = (),
         reps: int = REPS,
+        trainer: TrainerPart | None = None,
     ) -> None:
         self._batches = batches
         self.sparse = sparse
         self.reps = reps
+        self.trainer = trainer
         self._specs = split_preprocessing(sparse_preprocessing(preprocessing, sparse), stacked)[1]
-        self._runs: dict[tuple[tuple[str, ...], ...], Callable[[], float]] = {}
-        self._seconds: dict[tuple[tuple[str, ...], ...], float] = {}
+        self._runs: dict[tuple[tuple[str, ...], ...], Callable[[], Cost]] = {}
+        self._costs: dict[tuple[tuple[str, ...], ...], Cost] = {}
 
-    def __call__(self, groups: list[list[str]]) -> float:
-        """Seconds per sample: the median of ``reps`` passes (cached per configuration)."""
+    def __call__(self, groups: list[list[str]]) -> float | Cost:
+        """Seconds per sample: the median of ``reps`` passes, per part (cached per
+        configuration)."""
         key = _key(groups)
-        if key not in self._seconds:
+        if key not in self._costs:
             run = self._runner(groups)
-            with _one_thread():
-                self._seconds[key] = statistics.median(run() for _ in range(self.reps))
-            self._seconds[key] /= self._rows
-        return self._seconds[key]
+            passes = [run() for _ in range(self.reps)]
+            self._costs[key] = Cost(
+                statistics.median(p.reader_s for p in passes),
+                statistics.median(p.trainer_s for p in passes),
+            ).per(self._rows)
+        return self._answer(self._costs[key])
 
-    def difference(self, a: list[list[str]], b: list[list[str]]) -> float:
-        """Seconds per sample of ``a`` minus ``b``: the median over ``reps`` pairs of passes,
-        each pair run back to back in alternating order, so a slow stretch of the machine
-        lands on both sides of a pair."""
+    def difference(self, a: list[list[str]], b: list[list[str]]) -> float | Cost:
+        """Seconds per sample of ``a`` minus ``b``: the pair of median total difference over
+        ``reps`` pairs of passes, each pair run back to back in alternating order, so a slow
+        stretch of the machine lands on both sides of a pair."""
         run_a, run_b = self._runner(a), self._runner(b)
         diffs = []
-        with _one_thread():
-            for i in range(self.reps):
-                if i % 2:
-                    tb = run_b()
-                    diffs.append(run_a() - tb)
-                else:
-                    ta = run_a()
-                    diffs.append(ta - run_b())
-        return statistics.median(diffs) / self._rows
+        for i in range(self.reps):
+            if i % 2:
+                tb = run_b()
+                diffs.append(run_a() - tb)
+            else:
+                ta = run_a()
+                diffs.append(ta - run_b())
+        return self._answer(median_pair(diffs).per(self._rows))
+
+    def _answer(self, cost: Cost) -> float | Cost:
+        return cost if self.trainer is not None else cost.reader_s
 
     @property
     def _rows(self) -> int:
@@ -266,16 +362,38 @@ class JobTimer:
             self._batches = self._batches()
         return self._batches
 
-    def _runner(self, groups: list[list[str]]) -> Callable[[], float]:
+    def _runner(self, groups: list[list[str]]) -> Callable[[], Cost]:
         key = _key(groups)
         if key not in self._runs:
             batches = self._sample()
             spec = FeatureSpec(sparse=self.sparse, labels=[], dedup_sparse_features=groups)
-            with _one_thread():
+            with torch_threads(1):
                 module = build_preprocessing(self._specs, dense=[])[0]
-                _run(batches, spec, module)  # warm-up: TorchScript profiling, allocator
-            self._runs[key] = lambda: _run(batches, spec, module)
+            trainer = self.trainer
+
+            def run() -> Cost:
+                if trainer is None:
+                    with torch_threads(1):  # one reader = one core
+                        return Cost(_run(batches, spec, module))
+                converted: list[SparseFeatures] = []
+                with torch_threads(1):
+                    reader_s = _run(batches, spec, module, converted)
+                return Cost(reader_s, trainer.seconds(converted))
+
+            run()  # warm-up: TorchScript profiling, allocator, the model's first steps
+            self._runs[key] = run
         return self._runs[key]
+
+
+def median_pair(diffs: list[Cost]) -> Cost:
+    """The difference of median total (the mean of the two middle ones for an even count):
+    its parts add up to the median total."""
+    ranked = sorted(diffs, key=lambda c: c.total_s)
+    mid = len(ranked) // 2
+    if len(ranked) % 2:
+        return ranked[mid]
+    lo, hi = ranked[mid - 1], ranked[mid]
+    return Cost((lo.reader_s + hi.reader_s) / 2, (lo.trainer_s + hi.trainer_s) / 2)
 
 
 def _key(groups: list[list[str]]) -> tuple[tuple[str, ...], ...]:
@@ -283,17 +401,24 @@ def _key(groups: list[list[str]]) -> tuple[tuple[str, ...], ...]:
 
 
 @contextmanager
-def _one_thread() -> Iterator[None]:
-    """One reader = one core."""
+def torch_threads(n: int) -> Iterator[None]:
+    """torch intra-op threads = ``n`` inside the block (restored after)."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(n)
     try:
         yield
     finally:
         torch.set_num_threads(threads)
 
 
-def _run(batches: list[pa.Table], spec: FeatureSpec, module: torch.nn.Module | None) -> float:
+def _run(
+    batches: list[pa.Table],
+    spec: FeatureSpec,
+    module: torch.nn.Module | None,
+    out: list[SparseFeatures] | None = None,
+) -> float:
+    """Seconds of the reader's conversion + sparse preprocessing of ``batches``; ``out``
+    collects the sparse features it produced (what the trainer is fed)."""
     t0 = time.perf_counter()
     for rows in batches:
         # what the reader gathers per unit: the stacked features outside hash-free groups
@@ -304,5 +429,7 @@ def _run(batches: list[pa.Table], spec: FeatureSpec, module: torch.nn.Module | N
             rows = expand_stacked(rows, keep={f for g in groups for f in g})
         sparse = convert_sparse(rows, spec, source="<analyze>")
         if module is not None:
-            preprocess_sparse(sparse, module)
+            sparse = preprocess_sparse(sparse, module)
+        if out is not None:
+            out.append(sparse)
     return time.perf_counter() - t0

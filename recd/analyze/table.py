@@ -27,16 +27,23 @@ stays that of the stored order, i.e. what a reader of that table gets.
 Proposal: features whose DedupeFactor (measured) exceeds ``threshold`` are candidates;
 synchronised candidates are grouped to share one inverse lookup. Two features are
 synchronised when the catalogue puts them in one ``group``, or when their change points
-coincide on at least ``sync_threshold`` of the adjacent within-session row pairs. Cost-aware
-(``cost_aware=True``, what ``recd analyze`` does), the candidates are kept only where
-deduplicating them makes the reader faster on this machine: the reader's conversion and the
-job's sparse preprocessing are timed on a sample of the table's own batches, every candidate
-deduplicated and each one left out in turn, and a group stays only if leaving it out costs
-more than ``costs.PAY_MARGIN`` of the plain job (:func:`recd.analyze.costs.choose_groups`);
-a single feature of at most one id per row is never proposed (a hash-table probe per row
-costs more than the one id it saves), unless the table stores it in the dedup layout
-(``recd.layout``: no hashing, its timing decides). Otherwise the factor alone decides, as in
-the paper.
+coincide on at least ``sync_threshold`` of the adjacent within-session row pairs. Then
+``pricing`` decides which candidates are proposed (:mod:`recd.analyze.costs`):
+
+* ``job`` (what ``recd analyze`` and ``recd run`` do, through :mod:`recd.analyze.job`): each
+  configuration of groups is timed as the training job runs it, the reader's conversion + the
+  job's sparse preprocessing *plus* the trainer step of the job's own model
+  (:mod:`recd.analyze.trainer_cost`), on a sample of the table's own batches; a group stays
+  only if leaving it out (every other candidate deduplicated) costs the job more than
+  ``PAY_MARGIN`` of the plain job (:func:`recd.analyze.costs.choose_groups`);
+* ``reader``: the same with the reader alone timed; a single feature of at most one id per row
+  is then never proposed (a hash-table probe per row costs the reader more than the one id it
+  saves), unless the table stores it in the dedup layout (``recd.layout``: no hashing, its
+  timing decides);
+* ``factor``: the factor alone decides, as in the paper.
+
+Each proposed and rejected group carries its expected saving in ms per 1k samples, split
+into the reader's and the trainer's part.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -53,9 +60,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from recd.analyze.costs import (
+    JOB_REPS,
+    REPS,
+    SAMPLE_BATCHES,
     ConfigTimer,
+    Cost,
     JobTimer,
     choose_groups,
+    job_sample_batches,
     sample_batches,
     sparse_plan,
 )
@@ -64,6 +76,8 @@ from recd.analyze.defaults import (
     DEFAULT_SYNC_THRESHOLD,
     DEFAULT_THRESHOLD,
     PAY_MARGIN,
+    PRICINGS,
+    Pricing,
 )
 from recd.errors import ConfigError, SchemaError
 from recd.etl.partitions import parse_time_ms
@@ -79,6 +93,9 @@ from recd.tensors.jagged import (
     read_list_column,
     read_stacked_columns,
 )
+
+if TYPE_CHECKING:
+    from recd.analyze.trainer_cost import TrainerStep
 
 
 def dedupe_len(
@@ -139,8 +156,13 @@ class GroupProposal:
     measured_factor: float
     """Measured factor of the group deduplicated as one (shared inverse lookup)."""
     expected_saving_ms_per_1k: float | None = None
-    """Reader ms per 1k samples (conversion + sparse preprocessing) the group saves with the
-    other kept groups deduplicated, as measured on the sample (None: not cost-aware)."""
+    """Ms per 1k samples the group saves the priced job (reader + trainer, or the reader
+    alone) with the other groups of its last round deduplicated, as measured on the sample
+    (None: priced by the factor alone)."""
+    reader_saving_ms_per_1k: float | None = None
+    """Its reader part (conversion + sparse preprocessing)."""
+    trainer_saving_ms_per_1k: float | None = None
+    """Its trainer part (the job's training step); None: the trainer was not priced."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -181,14 +203,22 @@ class TableAnalysis:
     synchronised_pairs: list[SyncPair] = field(default_factory=list)
     """Feature pairs whose change points coincide on >= sync_threshold of the pairs."""
     rejected: list[RejectedGroup] = field(default_factory=list)
-    """Candidate groups that would not make the reader faster, with the reason."""
+    """Candidate groups that would not make the priced job faster, with the reason."""
+    pricing: Pricing = "factor"
+    """What priced the proposal: "job" (reader + trainer of a training job), "reader" (the
+    reader alone) or "factor" (the dedup factor alone)."""
+    job: str | None = None
+    """The training job priced (its reader only, with ``pricing = "reader"``), e.g. ``the job
+    train.toml (model rm1, embedding_dim 16, ...)``; None: none."""
     cost_model: str = "none"
     """How the proposal was chosen: "none" (factor only) or what the timing measured."""
     batches: int = 0
     """Reader batches of B rows over the analysed window (the last one may be partial)."""
     reader_ms_per_1k: dict[str, float] = field(default_factory=dict)
-    """Cost-aware: measured reader ms per 1k samples of the job, "plain" (no dedup) and
-    "proposed" (the proposed groups)."""
+    """Timed: the reader's ms per 1k samples (conversion + sparse preprocessing), "plain"
+    (no dedup) and "proposed" (the proposed groups)."""
+    trainer_ms_per_1k: dict[str, float] = field(default_factory=dict)
+    """Priced for a job: the trainer step's ms per 1k samples, "plain" and "proposed"."""
 
     @property
     def dedup_sparse_features(self) -> list[list[str]]:
@@ -351,18 +381,40 @@ def analyze_table(
     features: list[str] | None = None,
     start: str | None = None,
     end: str | None = None,
+    pricing: Pricing | None = None,
     cost_aware: bool = False,
     preprocessing: list[dict[str, Any]] | None = None,
+    trainer: TrainerStep | None = None,
     show_progress: bool = False,
     timer: ConfigTimer | None = None,
 ) -> TableAnalysis:
     """Measure S, d(f), l(f) and the dedup factors of ``table``; propose dedup groups.
 
-    ``cost_aware`` keeps only groups whose dedup makes the reader faster, timed on the
-    table's own batches with the job's ``preprocessing`` (reader config specs; the sparse
-    ones matter: dedup runs them once per distinct row). Otherwise the factor alone decides.
-    ``timer`` replaces that timing (seconds per sample of the job with given dedup groups).
+    ``pricing`` (module doc; None: ``"reader"`` if ``cost_aware`` or a ``timer`` is given,
+    else ``"factor"``):
+
+    * ``"job"`` keeps the groups whose dedup makes the training job faster: the reader's
+      conversion with the job's sparse preprocessing and the ``trainer``'s step
+      (:class:`recd.analyze.trainer_cost.TrainerStep`: its model, threads and reader
+      preprocessing), timed on the table's own batches of every sparse feature the job reads;
+    * ``"reader"`` keeps the groups whose dedup makes the reader faster, timed with
+      ``preprocessing`` (reader config specs; the sparse ones matter: dedup runs them once per
+      distinct row), else the ``trainer``'s reader preprocessing; one-id single features are
+      refused;
+    * ``"factor"``: the factor alone decides.
+
+    ``timer`` replaces the timing (seconds per sample of the job with given dedup groups: a
+    float, the reader's, or a :class:`recd.analyze.costs.Cost` with the trainer's part too).
+    :func:`recd.analyze.job.analyze_for_job` resolves a training job into these arguments.
     """
+    if pricing is None:
+        pricing = "reader" if cost_aware or timer is not None else "factor"
+    if pricing not in PRICINGS:
+        raise ConfigError(
+            f"analyze: pricing = {pricing!r}: expected one of {', '.join(map(repr, PRICINGS))}"
+        )
+    if pricing == "job" and trainer is None and timer is None:
+        raise ConfigError("analyze: pricing = 'job' needs the training job to price")
     if batch_size < 1:
         raise ConfigError(f"analyze: batch_size must be >= 1, got {batch_size}")
     if not 0.0 < sync_threshold <= 1.0:
@@ -377,6 +429,17 @@ def analyze_table(
                 f"{root}: no recd catalogue in the table; list the features to analyze"
             )
         features = catalogue.sparse_names
+    if preprocessing is None:
+        preprocessing = trainer.preprocessing if trainer is not None else []
+    timed = features
+    if pricing == "job" and trainer is not None:
+        timed = trainer.sparse  # the model reads every feature: the rest stays plain
+        outside = [f for f in features if f not in timed]
+        if outside:
+            raise ConfigError(
+                f"analyze: feature {outside[0]!r} is not one the priced job reads "
+                f"({trainer.name}: {', '.join(timed)})"
+            )
     totals = _Totals()
     for name, part in _iter_partitions(root, [SESSION_ID, TS, *features], start=start, end=end):
         _scan_partition(part, features, totals=totals, source=f"{root}/{name}")
@@ -388,21 +451,26 @@ def analyze_table(
             root, groups, batch_size=batch_size, start=start, end=end, show_progress=show_progress
         )
 
-    plan = sparse_plan(root, features, batch_size=batch_size, start=start, end=end)
-    # the sample is read when the first configuration is timed
-    timed = JobTimer(
-        lambda: sample_batches(
-            root,
-            features,
-            batch_size=batch_size,
-            start=start,
-            end=end,
+    plan = sparse_plan(root, timed, batch_size=batch_size, start=start, end=end)
+    with_trainer = pricing == "job"
+    if timer is None and pricing != "factor":
+        # the sample is read when the first configuration is timed
+        timer = JobTimer(
+            lambda: sample_batches(
+                root,
+                timed,
+                batch_size=batch_size,
+                start=start,
+                end=end,
+                preprocessing=preprocessing,
+                count=job_sample_batches(batch_size) if with_trainer else SAMPLE_BATCHES,
+            ),
+            timed,
             preprocessing=preprocessing,
-        ),
-        features,
-        preprocessing=preprocessing or [],
-        stacked=plan.encoded,
-    )
+            stacked=plan.encoded,
+            reps=JOB_REPS if with_trainer else REPS,
+            trainer=trainer if with_trainer else None,
+        )
     return _summarise(
         root,
         catalogue,
@@ -412,8 +480,10 @@ def analyze_table(
         batch_size=batch_size,
         threshold=threshold,
         sync_threshold=sync_threshold,
-        timer=timer or (timed if cost_aware else None),
-        preprocessing=preprocessing or [],
+        timer=timer if pricing != "factor" else None,
+        pricing=pricing,
+        job=None if trainer is None else f"{trainer.name} ({trainer.describe()})",
+        preprocessing=preprocessing,
         stacked=frozenset(plan.encoded),
     )
 
@@ -503,6 +573,8 @@ def _summarise(
     threshold: float,
     sync_threshold: float,
     timer: ConfigTimer | None,
+    pricing: Pricing = "factor",
+    job: str | None = None,
     preprocessing: list[dict[str, Any]],
     stacked: frozenset[str] = frozenset(),
 ) -> TableAnalysis:
@@ -547,13 +619,16 @@ def _summarise(
     counts = {tuple(g): c for g, c in zip(multi, counter(multi), strict=True)} if multi else {}
     counts.update({(f,): singles[f] for g, _ in groups if len(g) == 1 for f in g})
     mean_length = {r.name: r.mean_length for r in rows}
-    proposals, rejected, reader_ms = _decide(groups, counts, mean_length, timer, stacked)
+    decided = _decide(groups, counts, mean_length, timer, pricing=pricing, stacked=stacked)
+    proposals, rejected, reader_ms, trainer_ms = decided
     basis = "none"
     if timer is not None:
         kinds = sorted({spec["kind"] for spec in preprocessing}) or ["no preprocessing"]
+        timed = "the reader" if pricing == "reader" else "the reader + the job's training step"
         basis = (
-            f"the reader timed on this machine on the table's own batches ({', '.join(kinds)}); "
-            f"each kept group saves > {PAY_MARGIN:.0%} of the plain job with the others kept"
+            f"{timed} timed on this machine on the table's own batches "
+            f"({', '.join(kinds)}); each kept group saves > {PAY_MARGIN:.0%} of the plain job "
+            "with the others kept"
         )
     return TableAnalysis(
         table=str(root),
@@ -568,9 +643,12 @@ def _summarise(
         groups=proposals,
         synchronised_pairs=synced,
         rejected=rejected,
+        pricing=pricing,
+        job=job,
         cost_model=basis,
         batches=next(iter(singles.values())).batches if singles else 0,
         reader_ms_per_1k=reader_ms,
+        trainer_ms_per_1k=trainer_ms,
     )
 
 
@@ -579,52 +657,77 @@ def _decide(
     counts: dict[tuple[str, ...], DedupCounts],
     mean_length: dict[str, float],
     timer: ConfigTimer | None,
+    *,
+    pricing: Pricing,
     stacked: frozenset[str] = frozenset(),
-) -> tuple[list[GroupProposal], list[RejectedGroup], dict[str, float]]:
-    """Proposed and rejected groups (with reasons) and the job's measured reader times.
+) -> tuple[list[GroupProposal], list[RejectedGroup], dict[str, float], dict[str, float]]:
+    """Proposed and rejected groups (with reasons) and the job's measured reader and trainer
+    times (ms per 1k samples, plain and proposed).
 
-    ``stacked``: features the table stores in the dedup layout, whose IKJTs are built
-    without hashing: the one-id rule does not apply to them (their timing decides)."""
+    Priced for the reader alone, a single feature of at most one id per row is refused
+    untimed, unless the table stores it in the dedup layout (``stacked``: its IKJT is built
+    without hashing, so its timing decides)."""
     found = {
         tuple(g): GroupProposal(features=g, source=src, measured_factor=counts[tuple(g)].factor)
         for g, src in groups
     }
     if timer is None:  # the factor alone decides
-        return list(found.values()), [], {}
+        return list(found.values()), [], {}, {}
+    with_trainer = pricing == "job"
     rejected: list[RejectedGroup] = []
     candidates = []
     for g, _ in groups:
-        if len(g) == 1 and mean_length[g[0]] <= 1.0 and g[0] not in stacked:
+        if not with_trainer and len(g) == 1 and mean_length[g[0]] <= 1.0 and g[0] not in stacked:
             reason = (
-                "a single feature of at most one id per row: a hash probe per row costs more "
-                "than the id it saves"
+                "a single feature of at most one id per row: a hash probe per row costs the "
+                "reader more than the id it saves"
             )
             rejected.append(RejectedGroup(**asdict(found[tuple(g)]), reason=reason))
         else:
             candidates.append(g)
-    choice = choose_groups(candidates, timer)
-    per_1k = 1e6  # seconds per sample -> ms per 1k samples
-    margin_ms = PAY_MARGIN * choice.plain_s * per_1k
+    choice = choose_groups(candidates, timer, trainer_priced=with_trainer)
+    margin_ms = PAY_MARGIN * choice.plain_s * PER_1K
     kept = {tuple(g) for g in choice.groups}
     proposals = []
+    who = "the job" if with_trainer else "the reader"
     for g in candidates:
         item = found[tuple(g)]
-        if tuple(g) in choice.saving_s:
-            item.expected_saving_ms_per_1k = choice.saving_s[tuple(g)] * per_1k
+        saving = choice.saving.get(tuple(g))
+        if saving is not None:
+            _set_saving(item, saving, choice.price(saving), with_trainer=with_trainer)
         if tuple(g) in kept:
             proposals.append(item)
             continue
-        saving = item.expected_saving_ms_per_1k
+        total = item.expected_saving_ms_per_1k
         reason = (
-            f"leaving it out costs the reader {saving:.3f} ms per 1k samples (measured, other "
+            f"leaving it out costs {who} {total:.3f} ms per 1k samples (measured, other "
             f"candidates deduplicated), not more than {margin_ms:.3f} ({PAY_MARGIN:.0%} of the "
             "plain job)"
-            if saving is not None and saving <= margin_ms
+            if total is not None and total <= margin_ms
             else f"the groups left do not beat the plain job by {PAY_MARGIN:.0%} (measured)"
         )
         rejected.append(RejectedGroup(**asdict(item), reason=reason))
-    reader_ms = {"plain": choice.plain_s * per_1k, "proposed": choice.chosen_s * per_1k}
-    return proposals, rejected, reader_ms
+    reader_ms = {
+        "plain": choice.plain.reader_s * PER_1K,
+        "proposed": choice.chosen.reader_s * PER_1K,
+    }
+    trainer_ms = (
+        {"plain": choice.plain.trainer_s * PER_1K, "proposed": choice.chosen.trainer_s * PER_1K}
+        if with_trainer
+        else {}
+    )
+    return proposals, rejected, reader_ms, trainer_ms
+
+
+PER_1K = 1e6
+"""Seconds per sample -> ms per 1k samples."""
+
+
+def _set_saving(item: GroupProposal, saving: Cost, priced: float, *, with_trainer: bool) -> None:
+    """A group's measured saving (seconds per sample) as ms per 1k samples, split by side."""
+    item.expected_saving_ms_per_1k = priced * PER_1K
+    item.reader_saving_ms_per_1k = saving.reader_s * PER_1K
+    item.trainer_saving_ms_per_1k = saving.trainer_s * PER_1K if with_trainer else None
 
 
 def propose_groups(
@@ -690,29 +793,57 @@ def format_report(analysis: TableAnalysis) -> str:
             f"{r.dedupe_factor:>7.2f} {r.measured_factor:>8.2f}  {mark}"
         )
     lines.append("")
-    lines.append(f"{a.batches} reader batches of B = {a.batch_size}; cost-aware: {a.cost_model}")
+    lines.append(f"{a.batches} reader batches of B = {a.batch_size}; priced by: {pricing_rule(a)}")
+    if a.pricing != "factor":
+        lines.append(f"cost model: {a.cost_model}")
     if a.reader_ms_per_1k:
         lines.append(
             f"reader (conversion + sparse preprocessing), ms per 1k samples: plain "
             f"{a.reader_ms_per_1k['plain']:.3f}, with the proposal "
             f"{a.reader_ms_per_1k['proposed']:.3f}"
         )
-    for g in a.groups:
-        saving = (
-            f", saves the reader {g.expected_saving_ms_per_1k:.3f} ms per 1k samples"
-            if g.expected_saving_ms_per_1k is not None
-            else ""
-        )
+    if a.trainer_ms_per_1k:
         lines.append(
-            f"group {g.features} ({g.source}): measured factor {g.measured_factor:.2f}{saving}"
+            f"trainer (the job's training step), ms per 1k samples: plain "
+            f"{a.trainer_ms_per_1k['plain']:.3f}, with the proposal "
+            f"{a.trainer_ms_per_1k['proposed']:.3f}"
+        )
+    for g in a.groups:
+        lines.append(
+            f"group {g.features} ({g.source}): measured factor {g.measured_factor:.2f}"
+            f"{_saving_text(g)}"
         )
     for rej in a.rejected:
         lines.append(
             f"not proposed: {rej.features} ({rej.source}), measured factor "
-            f"{rej.measured_factor:.2f}: {rej.reason}"
+            f"{rej.measured_factor:.2f}{_saving_text(rej)}: {rej.reason}"
         )
     lines.append(f"dedup_sparse_features = {json.dumps(a.dedup_sparse_features)}")
     return "\n".join(lines)
+
+
+def pricing_rule(analysis: TableAnalysis) -> str:
+    """Which rule priced the proposal, in words (``reader + trainer of the job ...``)."""
+    if analysis.pricing == "job":
+        return f"reader + trainer of {analysis.job or 'the job'}"
+    if analysis.pricing == "reader":
+        return "reader only" + (f" (the reader of {analysis.job})" if analysis.job else "")
+    return "factor only (the paper's rule: every candidate above the threshold)"
+
+
+def _saving_text(group: GroupProposal) -> str:
+    """``, saves 1.234 ms per 1k samples (reader -0.012, trainer 1.246)``, or nothing."""
+    if group.expected_saving_ms_per_1k is None:
+        return ""
+    text = f", saves {group.expected_saving_ms_per_1k:.3f} ms per 1k samples"
+    if group.trainer_saving_ms_per_1k is not None and group.reader_saving_ms_per_1k is not None:
+        text += (
+            f" (reader {group.reader_saving_ms_per_1k:.3f}, trainer "
+            f"{group.trainer_saving_ms_per_1k:.3f})"
+        )
+    else:
+        text += " (reader)"
+    return text
 
 
 def write_json(analysis: TableAnalysis, path: str | Path) -> None:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import tomllib
 from pathlib import Path
-from typing import Any
 
 from recd.analyze.defaults import (
     DEFAULT_BATCH_SIZE,
@@ -27,16 +25,30 @@ def register(sub: argparse._SubParsersAction) -> None:
             "length); print the analytic DedupeLen / DedupeFactor and the factor measured in "
             "the reader's own batches of B rows, and propose dedup_sparse_features: features "
             "whose factor exceeds the threshold, synchronised ones grouped, kept only where "
-            "deduplicating makes the reader faster: the reader's conversion and the job's "
-            "preprocessing are timed on a sample of the table's own batches, with every "
-            "candidate deduplicated and each one left out in turn (seconds to a minute); a "
-            f"group stays if leaving it out costs more than {PAY_MARGIN:.0%} of the plain "
-            "job. A single feature of one id per row is never proposed."
+            "deduplicating makes the training job faster on this machine. The job is the "
+            "training config given with --config (its model, preprocessing, train.num_threads "
+            "and [reader] batch_size), else the default training config (every [model] key at "
+            "its default: rm1, embedding_dim 16, max_rows 100000; batch --batch-size). Each "
+            "configuration of groups is timed as that job runs it, on a sample of the table's "
+            "own batches: the reader's conversion + sparse preprocessing (one thread) plus the "
+            "training step of the job's model (zero dense features and labels: that work is "
+            "the same in every configuration), with every candidate deduplicated and each one "
+            f"left out in turn (seconds to minutes); a group stays if leaving it out costs "
+            f"more than {PAY_MARGIN:.0%} of the plain job. The printout splits each group's "
+            "saving into reader and trainer. --reader-only times the reader alone (a single "
+            "feature of one id per row is then never proposed); --factor-only applies the "
+            "paper's rule. `recd run` runs this same analysis on its table and training job, "
+            "and prints the command that reruns it."
         ),
     )
     parser.add_argument("table", type=Path, metavar="TABLE", help="table root directory")
     parser.add_argument(
-        "--batch-size", type=int, default=DEFAULT_BATCH_SIZE, metavar="B", help="batch size B"
+        "--batch-size",
+        type=int,
+        default=None,
+        metavar="B",
+        help="batch size B (default: the [reader] batch_size of --config, else "
+        f"{DEFAULT_BATCH_SIZE})",
     )
     parser.add_argument(
         "--threshold",
@@ -59,22 +71,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--end", metavar="ISO", help="partition hour to stop before, exclusive")
     job = parser.add_mutually_exclusive_group()
     job.add_argument(
+        "--config",
+        type=Path,
+        metavar="TRAIN_TOML",
+        help="price the proposal for this training job: its model, [reader] preprocessing, "
+        "train.num_threads and (unless --batch-size) [reader] batch_size; its table, window "
+        "and dedup groups are replaced by the analysed ones, its [eval] is not read (default: "
+        "the default training config)",
+    )
+    job.add_argument("--reader-config", type=Path, dest="config", help=argparse.SUPPRESS)
+    job.add_argument(
         "--preprocessed",
         action="store_true",
-        help="the reader job hashes every sparse id (hash_modulo): dedup also saves that work "
-        "on repeated rows (default: no preprocessing)",
+        help="the default job's reader hashes every sparse id (hash_modulo): dedup also saves "
+        "that work on repeated rows (default: only ids beyond model.max_rows are hashed; "
+        "with --reader-only: no preprocessing)",
     )
-    job.add_argument(
-        "--reader-config",
-        type=Path,
-        metavar="TOML",
-        help="time the job's own preprocessing: the [reader] preprocessing list of this "
-        "training config",
+    rule = parser.add_mutually_exclusive_group()
+    rule.add_argument(
+        "--reader-only",
+        action="store_true",
+        help="price the reader alone (conversion + the job's sparse preprocessing; without "
+        "--config, none or --preprocessed's): a single feature of one id per row is never "
+        "proposed",
     )
-    job.add_argument(
+    rule.add_argument(
         "--factor-only",
         action="store_true",
-        help="propose by the dedup factor alone, without timing the reader (the paper's rule)",
+        help="propose by the dedup factor alone, without timing anything (the paper's rule)",
     )
     add_json_option(parser, "the analysis")
     parser.set_defaults(func=_run)
@@ -83,47 +107,24 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     # The analysis needs torch and torchrec; imported here so that the rest of the command
     # line (--help, --version, every other command) starts without them.
-    from recd.analyze import (
-        analyze_table,
-        format_report,
-        hash_all_preprocessing,
-        table_sparse_features,
-    )
-    from recd.reader.memory import keep_freed_memory
+    from recd.analyze import analyze_for_job, format_report
 
-    keep_freed_memory()  # time the reader as its worker processes run
-    preprocessing: list[dict[str, Any]] = []
-    if args.preprocessed:
-        preprocessing = hash_all_preprocessing(args.features or table_sparse_features(args.table))
-    elif args.reader_config is not None:
-        preprocessing = _job_preprocessing(args.reader_config)
-    analysis = analyze_table(
+    if args.preprocessed and args.factor_only:
+        raise ConfigError(
+            "analyze: --preprocessed prices the reader's hashing; --factor-only times nothing"
+        )
+    analysis = analyze_for_job(
         args.table,
+        config=args.config,
+        pricing="factor" if args.factor_only else "reader" if args.reader_only else "job",
         batch_size=args.batch_size,
         threshold=args.threshold,
         sync_threshold=args.sync_threshold,
         features=args.features,
         start=args.start,
         end=args.end,
-        cost_aware=not args.factor_only,
-        preprocessing=preprocessing,
+        preprocessed=args.preprocessed,
         show_progress=True,
     )
     emit(args, analysis.to_dict(), lambda: print(format_report(analysis)))
     return 0
-
-
-def _job_preprocessing(path: Path) -> list[dict[str, Any]]:
-    """The ``[reader] preprocessing`` list of a training config (empty when it has none)."""
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read the reader config: {exc}") from exc
-    specs = data.get("reader", {}).get("preprocessing", [])
-    if not isinstance(specs, list) or not all(
-        isinstance(s, dict) and "kind" in s and "features" in s for s in specs
-    ):
-        raise ConfigError(
-            f"{path}: [reader] preprocessing must be a list of tables with kind and features"
-        )
-    return specs

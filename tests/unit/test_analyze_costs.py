@@ -252,9 +252,12 @@ def test_choose_groups_takes_a_job_timers_paired_differences() -> None:
     assert choice.saving_s == {("a",): 1.0, ("b",): 1.0}
 
 
-def test_cli_times_the_job_of_a_reader_config(
+def test_cli_reader_only_times_the_reader_of_a_training_config(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # --reader-config is the deprecated spelling of --config; with --reader-only the job's
+    # reader is timed alone: its own preprocessing plus the trainer's hash_modulo of features
+    # larger than model.max_rows, and the one-id rule refuses the item.
     root = write_one(tmp_path / "t", short_table())
     config = tmp_path / "job.toml"
     config.write_text(
@@ -265,13 +268,20 @@ def test_cli_times_the_job_of_a_reader_config(
     analyze_cli.register(parser.add_subparsers(dest="command", required=True))
     out = tmp_path / "a.json"
     argv = ["analyze", str(root), "--batch-size", "512", "--reader-config", str(config)]
-    args = parser.parse_args([*argv, "--json", str(out)])
+    args = parser.parse_args([*argv, "--reader-only", "--json", str(out)])
     assert args.func(args) == 0
     text = capsys.readouterr().out
-    assert "cost-aware: the reader timed on this machine" in text and "hash_modulo" in text
+    assert f"priced by: reader only (the reader of the job {config} (model rm1" in text
+    assert "cost model: the reader timed on this machine" in text and "hash_modulo" in text
     assert "not proposed: ['item']" in text
     data = json.loads(out.read_text())
+    assert data["pricing"] == "reader" and data["trainer_ms_per_1k"] == {}
     assert {tuple(r["features"]) for r in data["rejected"]} >= {("item",)}
-    config.write_text("[reader]\npreprocessing = 3\n")
-    with pytest.raises(ConfigError, match="must be a list of tables"):
+    # Priced for the job (the default), a table without dense features cannot be trained.
+    args = parser.parse_args(argv)
+    with pytest.raises(ConfigError, match=r"cannot train on .*dense_in_features.*--reader-only"):
+        args.func(args)
+    config.write_text('[reader]\ntable = "x"\npreprocessing = 3\n')
+    args = parser.parse_args([*argv, "--reader-only"])
+    with pytest.raises(ConfigError, match=r"preprocessing = 3"):
         args.func(args)
