@@ -54,12 +54,19 @@ SHIPPED: dict[str, ShippedPipeline] = {
             files=("own_data.toml", "train_own_data.toml", "own_data_mapping.toml"),
             example_events="events.csv",
         ),
+        ShippedPipeline(
+            name="impressions",
+            description="synthetic impression logs (313k candidate rows of 13.6k requests) -> "
+            "shard -> ETL -> analyze -> train the rm1 model with the history group on the "
+            "clustered table, the last 6 hours held out",
+            files=("impressions.toml", "train_impressions.toml"),
+        ),
     )
 }
 
 
 def shipped_names() -> str:
-    """``own_data, small``: the names, for messages."""
+    """``impressions, own_data, small``: the names, for messages."""
     return ", ".join(sorted(SHIPPED))
 
 

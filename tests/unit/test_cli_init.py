@@ -105,7 +105,10 @@ def test_init_own_data_with_example_events_runs_as_copied(
     [
         (["init"], "give the shipped pipeline NAME and a directory DIR"),
         (["init", "small"], "give the shipped pipeline NAME and a directory DIR"),
-        (["init", "nope", "x"], "no shipped pipeline 'nope'; shipped: own_data, small"),
+        (
+            ["init", "nope", "x"],
+            "no shipped pipeline 'nope'; shipped: impressions, own_data, small",
+        ),
         (["init", "small", "x", "--example-events"], "--example-events: small reads no event"),
         (["init", "small", "--list"], "--list takes no NAME or DIR"),
         (["init", "small", "afile"], "afile: exists and is not a directory"),
@@ -147,7 +150,7 @@ def test_run_unknown_name_exits_2_with_one_line_naming_the_shipped_ones(
     err = capsys.readouterr().err
     assert err == (
         f"recd run: error: pipeline config {name} does not exist, and it is no shipped "
-        "pipeline name (own_data, small; recd init --list describes them)\n"
+        "pipeline name (impressions, own_data, small; recd init --list describes them)\n"
     )
     assert list(tmp_path.iterdir()) == []
 

@@ -308,7 +308,7 @@ def test_the_event_column_is_optional_with_label_columns(tmp_path: Path) -> None
     assert "hist_event_types" not in catalogue.sparse_names
     rows = _rows(tmp_path / "out")
     assert [r["hist_item_ids"] for r in rows] == [[], [], [5]]
-    with pytest.raises(ConfigError, match="mapping.event"):
+    with pytest.raises(ConfigError, match=r"mapping\.event"):
         IngestMapping(event="")  # labels from event types need the event column
 
 

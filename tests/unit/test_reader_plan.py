@@ -13,13 +13,13 @@ import pytest
 from recd.errors import BadRowError, ConfigError, SchemaError
 from recd.etl.commit import committed_partition_dirs
 from recd.reader.config import ReaderConfig, Shuffle
+from recd.reader.infer import with_history_features
 from recd.reader.plan import (
     build_plan,
     locate,
     order_units,
     session_order,
 )
-from recd.reader.infer import with_history_features
 from recd.reader.stream import iter_worker_batches
 from recd.schema import SparseKind
 
