@@ -12,13 +12,15 @@ spread over a Spark cluster::
               day-partitioned table: ts // 1 day, so "hour" below reads "day")
     shuffle   repartition(N, session_id)            (Spark's murmur3 hash of session_id;
               sortWithinPartitions(_hour, session_id,  N sized for target_file_bytes, below)
-                                   ts, request_id)
+                                   ts, request_id, _seq)
     stage 2   sink "recd_table": each task streams its sorted rows into one zstd Parquet file
               per hour, TABLE/_tmp-<run>/ds=D/hour=HH/part-NNNNN.parquet, written by pyarrow
     driver    commit every staged partition with recd.etl.commit (_SUCCESS, rename)
 
 A session lives in exactly one shuffle partition, so each session's rows of an hour are
-contiguous and ts-sorted in exactly one file, as with the local engine. ``baseline`` keeps
+contiguous and ts-sorted in exactly one file, as with the local engine. Rows with equal keys
+(the candidates of one request in an impression log) keep their order in the shards, as the
+local engine's stable sort keeps it: ``_seq`` (= unit << 40 | row in unit) is the last key. ``baseline`` keeps
 arrival order instead: one unit per shard, no shuffle, ``coalesce(N)`` (contiguous runs of
 shards per task) and a sort by hour and ``_seq`` (= unit << 40 | row in unit): each task's file
 of an hour holds its shards' rows shard after shard in arrival order, so the files of a
@@ -383,9 +385,7 @@ class SparkJob:
 
     def row_spark_schema(self) -> StructType:
         """Schema of the rows stage 1 yields: the catalogue's columns + order keys."""
-        extra = [pa.field(HOUR_COLUMN, pa.int64())]
-        if self.baseline:
-            extra.append(pa.field(SEQ_COLUMN, pa.int64()))
+        extra = [pa.field(HOUR_COLUMN, pa.int64()), pa.field(SEQ_COLUMN, pa.int64())]
         row_schema = self.catalogue().arrow_schema().remove_metadata()
         return spark_schema(pa.schema([*row_schema, *extra]))
 
@@ -437,9 +437,7 @@ def read_unit(job: SparkJob, unit: Unit) -> Iterator[pa.RecordBatch]:
             rows = result.rows
             if rows is None or rows.num_rows == 0:
                 continue
-            yield with_order_keys(
-                rows, seq=seq if job.baseline else None, partition_by=job.partition_by
-            )
+            yield with_order_keys(rows, seq=seq, partition_by=job.partition_by)
             seq += rows.num_rows
     except RecdError as exc:
         _record_error(job.errors_dir / f"{unit.name}.json", exc)
@@ -457,7 +455,8 @@ def read_unit(job: SparkJob, unit: Unit) -> Iterator[pa.RecordBatch]:
 def with_order_keys(
     rows: pa.RecordBatch, *, seq: int | None, partition_by: str = "hour"
 ) -> pa.RecordBatch:
-    """Append ``_hour`` (hours, or days, since the epoch, UTC) and, for baseline, ``_seq``."""
+    """Append ``_hour`` (hours, or days, since the epoch, UTC) and ``_seq`` (the rows' input
+    order from ``seq`` on; None: no ``_seq``)."""
     columns = [*rows.columns, pa.array(unit_ids(rows.column(TS), partition_by))]
     names = [*rows.schema.names, HOUR_COLUMN]
     if seq is not None:
@@ -962,7 +961,7 @@ class SparkEtl:
             df = df.coalesce(partitions).sortWithinPartitions(HOUR_COLUMN, SEQ_COLUMN)
         else:
             df = df.repartition(partitions, SESSION_ID).sortWithinPartitions(
-                HOUR_COLUMN, *CLUSTER_KEYS
+                HOUR_COLUMN, *CLUSTER_KEYS, SEQ_COLUMN
             )
         try:
             df.write.format(TABLE_SINK).options(**options).mode("append").save()

@@ -66,6 +66,7 @@ from recd.schema import (  # noqa: E402
     Catalogue,
     catalogue_from_schema,
     check_schema,
+    load_catalogue,
 )
 
 try:  # tests/ is a package (tests/__init__.py) or pytest put tests/ itself on sys.path
@@ -315,6 +316,39 @@ def test_baseline_partitions_hold_the_local_engines_rows_in_order(
         # Shard after shard, each in arrival order, over the files in name order.
         assert rows.equals(local[relpath]), f"{relpath}: not the local engine's arrival order"
     assert not all(is_clustered(t) for t in ours.values())  # the input really was interleaved
+
+
+def test_a_requests_candidates_keep_their_order(spark: SparkSession, tmp_path: Path) -> None:
+    """Impression logs: a request's candidate rows share session, ts and request_id; both
+    engines keep them together and in their logged order (``position`` 0, 1, ...): the local
+    engine by a stable sort, Spark by ``_seq``, the input order, as the last sort key (its
+    sort makes no promise for equal keys)."""
+    catalogue = load_catalogue("impressions")
+    generate_logs(catalogue, tmp_path / "raw", seed=3, num_sessions=60, show_progress=False)
+    shard_logs(
+        tmp_path / "raw",
+        tmp_path / "shards",
+        key="session",
+        num_shards=2,
+        block_bytes=8192,
+        show_progress=False,
+    )
+    run_spark_etl(
+        config(tmp_path / "shards", tmp_path / "table"),
+        spark=spark,
+        unit_bytes=UNIT_BYTES,
+        output_partitions=2,
+    )
+    run_etl(config(tmp_path / "shards", tmp_path / "local"))
+    for root in (tmp_path / "table", tmp_path / "local"):
+        for _, path, rows in read_committed(root):
+            request = rows.column("request_id").to_numpy()
+            position = rows.column("position").to_numpy()
+            starts = np.flatnonzero(np.r_[True, request[1:] != request[:-1]])
+            sizes = np.diff(np.r_[starts, len(request)])
+            expected = np.arange(len(request)) - np.repeat(starts, sizes)
+            assert np.array_equal(position, expected), f"{path}: candidates out of list order"
+            assert len(np.unique(request)) == len(starts), f"{path}: a request split in two"
 
 
 def test_default_output_partitions_aim_at_the_target_file_size() -> None:
