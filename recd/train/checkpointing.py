@@ -816,10 +816,12 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ every step
     def _poll_signals(self, trainer: Trainer) -> StepSignals:
-        signals = self.signals.take() if self.signals is not None else StepSignals()
+        if self.signals is None:
+            signals = StepSignals()
+            return agree(signals, device=trainer.device) if trainer.dist is not None else signals
         if trainer.dist is not None:
-            signals = agree(signals, device=trainer.device)
-        return signals
+            return self.signals.take_agreed(device=trainer.device)
+        return self.signals.take()
 
     def after_step(self, trainer: Trainer, step: int, loss: float) -> None:
         """Record the loss; checkpoint on cadence or signal (see the module docstring)."""

@@ -3,8 +3,8 @@
 The handlers only set flags; :class:`recd.train.checkpointing.Checkpointer` reads them at the
 next step boundary (:meth:`SignalFlags.take`), so a signal never interrupts a step, an
 optimizer update or a checkpoint write. In a distributed job the ranks agree before acting
-(:func:`agree`: all-reduce MAX of the flags at the step boundary), so when any rank was
-signalled every rank checkpoints at the same step. SIGINT (Ctrl-C) keeps Python's default
+(:meth:`SignalFlags.take_agreed`: all-reduce MAX of the signal counts at the step boundary),
+so when any rank was signalled every rank checkpoints at the same step, once per signal. SIGINT (Ctrl-C) keeps Python's default
 (``KeyboardInterrupt``, exit 130, no checkpoint).
 
 Data-loader worker processes must not die from the signal before the checkpoint is written
@@ -162,6 +162,26 @@ class SignalFlags:
         stop = term > self._term_seen
         save = stop or usr1 > self._usr1_seen
         self._term_seen, self._usr1_seen = term, usr1
+        return StepSignals(save=save, stop=stop)
+
+    def take_agreed(self, *, device: torch.device, group: Any = None) -> StepSignals:
+        """:meth:`take` for a job of several ranks: every rank calls it at the same step
+        boundary and gets the same answer.
+
+        The ranks agree on the largest signal *counts* any of them has received (all-reduce
+        MAX), and act when the agreed counts exceed those acted on last time. One signal
+        forwarded to every rank is one checkpoint even when it reaches the ranks at different
+        steps: the rank it reaches late only catches up with a count already acted on (with
+        flags, that rank's late flag made a second checkpoint one step later).
+        """
+        import torch.distributed as dist
+
+        counts = torch.tensor([self._term, self._usr1], dtype=torch.int64, device=device)
+        dist.all_reduce(counts, op=dist.ReduceOp.MAX, group=group)
+        term, usr1 = (int(x) for x in counts.tolist())
+        stop = term > self._term_seen
+        save = stop or usr1 > self._usr1_seen
+        self._term_seen, self._usr1_seen = max(term, self._term_seen), max(usr1, self._usr1_seen)
         return StepSignals(save=save, stop=stop)
 
     @property

@@ -4,6 +4,7 @@ uncoalesced rows included), and DDP with the hook gives the same gradients as wi
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from recd.train.data_parallel import mean_allreduce_hook, sparse_mean
+from recd.train.signals import SignalFlags
 from tests.distributed.spawn import WorkerFailed, run_workers
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
@@ -98,3 +100,20 @@ def _mismatched_worker(rank: int, world: int) -> bool:
 def test_a_peer_row_outside_the_table_raises_instead_of_corrupting_memory() -> None:
     with pytest.raises(WorkerFailed, match=rf"size is {ROWS} but found index {ROWS + 4}"):
         run_workers(_mismatched_worker, world_size=2, timeout_s=90)
+
+
+def _signal_skew(rank: int, world_size: int) -> list[bool]:
+    """One SIGUSR1 forwarded to both ranks reaches rank 0 before boundary 1 and rank 1 only
+    before boundary 2; a second one reaches both before boundary 4."""
+    flags = SignalFlags()  # counted by hand: no handler needed
+    saves = []
+    for boundary in range(1, 6):
+        if (rank == 0 and boundary == 1) or (rank == 1 and boundary == 2) or boundary == 4:
+            flags.raise_signal(signal.SIGUSR1)
+        saves.append(flags.take_agreed(device=torch.device("cpu")).save)
+    return saves
+
+
+def test_one_forwarded_signal_is_one_checkpoint_whenever_each_rank_sees_it() -> None:
+    results = run_workers(_signal_skew, world_size=2, timeout_s=120)
+    assert results == [[True, False, False, True, False]] * 2
