@@ -7,7 +7,13 @@ root = Path(__file__).resolve().parent.parent
 readme = (root / "README.md").read_text()
 parts = []
 sections = [
+    (
+        "train_e2e",
+        "End to end: recd train with its reader, KJT on arrival order vs IKJT clustered",
+        "train_e2e.png",
+    ),
     ("storage", "Storage: log-bus shards and tables (O1, O2)", None),
+    ("storage_impressions", "Storage on the impressions profile", None),
     ("reader", "Readers: KJT vs IKJT, clustered vs unclustered (O3, O4), rm1-like", "reader.png"),
     (
         "reader_clickstream",

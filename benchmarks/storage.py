@@ -2,6 +2,7 @@
 
     python benchmarks/storage.py            # rm1-like and clickstream, 1M rows each, 64 shards
     python benchmarks/storage.py --quick    # both profiles, 40k rows each, 8 shards (CI size)
+    python benchmarks/storage.py --profile impressions   # storage_impressions.*
 
 The full run takes about 10 minutes on 2 quiet cores (rm1-like ~8: its rows are ~3 KB raw;
 clickstream ~1.5) and the DuckDB reference peaks at ~15 GB RSS on rm1-like 1M rows. Needs a
@@ -90,7 +91,9 @@ from recd.schema import REQUEST_ID, SESSION_ID, TS, load_catalogue
 from recd.stats import spread
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PROFILES = ("rm1-like", "clickstream")
+PROFILES = ("rm1-like", "clickstream", "impressions")
+DEFAULT_PROFILES = ("rm1-like", "clickstream")
+"""Measured by default (storage.json); ``--profile impressions`` writes storage_impressions.*."""
 HEADLINE_PROFILE = "rm1-like"
 GROUP_KEY = "__group"
 """``column_bytes``: a dedup group's two columns, under its first member's name + this."""
@@ -847,8 +850,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--profile",
         nargs="+",
         choices=PROFILES,
-        default=list(PROFILES),
-        help="profiles to measure (default: both)",
+        default=list(DEFAULT_PROFILES),
+        help="profiles to measure (default: rm1-like and clickstream; others write "
+        "storage_<profiles>.*)",
     )
     parser.add_argument("--rows", type=int, help="rows per profile (default 1M, quick 40k)")
     parser.add_argument("--shards", type=int, help="log-bus shards (default 64, quick 8)")
@@ -907,6 +911,8 @@ def main(argv: list[str] | None = None) -> int:
     result = top_level(blocks, protocol)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "storage_quick" if args.quick else "storage"
+    if list(args.profile) != list(DEFAULT_PROFILES):
+        stem += "_" + "_".join(p.replace("-", "_") for p in args.profile)
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     table = markdown(result)
     (args.out / f"{stem}.md").write_text(table)
