@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from benchmarks.storage import (
-    PROFILES,
+    DEFAULT_PROFILES,
     RECD,
     RECD_DEDUP,
     RECD_SIDES,
@@ -108,7 +108,7 @@ def test_quick_benchmark_writes_consistent_results(tmp_path: Path) -> None:
     argv += ["--order-seed", "4", "--threads", "2"]
     assert bench_main([*argv, "--out", str(out)]) == 0
     result = json.loads((out / "storage_quick.json").read_text())
-    assert list(result["profiles"]) == list(PROFILES) == result["protocol"]["profiles"]
+    assert list(result["profiles"]) == list(DEFAULT_PROFILES) == result["protocol"]["profiles"]
     protocol = result["protocol"]
     assert protocol["command"] == "python benchmarks/storage.py " + " ".join(
         [*argv, "--out", str(out)]
