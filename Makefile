@@ -16,7 +16,7 @@ PIN := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 SPECS_ID := $(shell printf '%s' '$(TORCH_SPEC) $(FBGEMM_SPEC) $(TORCHREC_SPEC) $(CONSTRAINTS)' | cksum | cut -d' ' -f1)
 STAMP := $(VENV)/.recd-setup-$(SPECS_ID)
 
-.PHONY: setup run test lint typecheck bench bench-quick clean
+.PHONY: setup run test test-fast lint typecheck bench bench-quick clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,11 @@ run: setup
 # --durations: the slowest tests at the end of every run, to keep the suite under ~15 min
 test: setup
 	$(PY) -m pytest -q tests --durations=20
+
+# the fast subset while you work: the unit tests (about a minute on 2 cores, no child processes
+# of recd train, no Spark); make test before you push
+test-fast: setup
+	$(PY) -m pytest -q tests/unit -m "not slow"
 
 lint: setup
 	$(VENV)/bin/ruff check recd benchmarks tests
