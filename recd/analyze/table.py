@@ -7,7 +7,7 @@ For each sparse feature f of a table (committed partitions only):
 * d(f) fraction of adjacent row pairs of a session whose value of f is unchanged;
 * l(f) mean length (ids per row).
 
-These give the spec's analytic model at batch size B::
+These give RecD's analytic model at batch size B::
 
     DedupeLen(f)    = B * l(f) * (1/S + (1 - 1/S) * (1 - d(f)))
     DedupeFactor(f) = B * l(f) / DedupeLen(f)
