@@ -320,13 +320,12 @@ def measure_profile(job: ProfileJob, args: argparse.Namespace, work: Path) -> di
     from recd.pipeline import reuse_or_build_tables
 
     work.mkdir(parents=True, exist_ok=True)
-    rows = job.rows if job.rows is not None else 0
     stamp = reuse_or_build_tables(
         work,
         job.profile,
         stamp=DATA_STAMP,
         seed=args.data_seed,
-        rows=rows if job.rows is not None else _profile_rows(job.profile),
+        rows=job.rows if job.rows is not None else _profile_rows(job.profile),
         num_shards=8,
         row_group_rows=8192,
     )

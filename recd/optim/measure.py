@@ -12,7 +12,7 @@ forward + backward + optimizer update, same ids for all:
   :class:`recd.optim.LazyAdam` (touched rows only; fbgemm fused-ADAM semantics).
 
 Run ``python -m recd.optim.measure`` (prints JSON: milliseconds per step, median of a few
-steps). Sizes default to the issue's 8 tables x 100k rows x 64, batch 2048.
+steps). Sizes default to 8 tables x 100k rows x 64, batch 2048.
 """
 
 from __future__ import annotations

@@ -308,7 +308,7 @@ class CheckpointSection:
     """Write ``step_NNNNNN.bin`` every this many optimizer steps (and at the last step)."""
     sample_every: int | None = None
     """Write a sample audit to ``.samples.json`` every this many steps; None: equal to
-    ``checkpoint_every`` (the spec's default: every checkpoint has an audit and every audit a
+    ``checkpoint_every`` (the default: every checkpoint has an audit and every audit a
     recovery point). Must be a multiple of ``checkpoint_every`` (so every audit still lands on
     a checkpoint); 0 disables the audits."""
     keep_last: int = 3
