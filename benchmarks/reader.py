@@ -246,7 +246,7 @@ class RecdReader:
     def iter_timed(self) -> Iterator[tuple[Batch, BatchTiming]]:
         """What ``iter_batches`` does with ``num_workers=0``, without rebuilding the plan and
         recompiling the TorchScript preprocessing on every pass."""
-        for item in iter_tagged_batches(self.plan, self.transform, epoch=0, worker=0):
+        for item in iter_tagged_batches(self.plan, self.transform, epoch=0, stream=0):
             yield item.batch, item.timing
 
 
@@ -745,6 +745,7 @@ def build_readers(
             batch_size=size,
             dedup_sparse_features=dedup,
             preprocessing=preprocessing if pre else [],
+            streams=1,  # table order, as the torchrec reference reads the files
         )
         return RecdReader(config)
 

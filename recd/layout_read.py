@@ -478,6 +478,40 @@ def take_rows(table: pa.Table, order: pa.Array) -> pa.Table:
     return taken.add_column(i, field, buffer)  # its rows are all empty: any order is the same
 
 
+def combine_stacked(table: pa.Table) -> pa.Table:
+    """``table`` (rows of several units) with its stacked columns in one chunk: the units' id
+    buffers concatenated and each unit's starts moved past the ids before it, so that rows of
+    different units can be permuted together (a shuffle window). Other columns are untouched."""
+    stacked = read_stacked(table)
+    if stacked is None or len(stacked.chunks) < 2:
+        return table
+    sizes = np.array([c.buffer.size for c in stacked.chunks], dtype=np.int64)
+    if int(sizes.sum()) > _INT32_MAX:
+        raise SchemaError(
+            f"a shuffle window holds {int(sizes.sum()):,} ids of stacked features, more than "
+            "2**31: lower reader.shuffle_window"
+        )
+    shifts = np.cumsum(sizes) - sizes
+    starts = np.concatenate(
+        [
+            c.starts.astype(np.int64) + int(shift)
+            for c, shift in zip(stacked.chunks, shifts, strict=True)
+        ]
+    ).astype(np.int32)
+    lengths = np.concatenate([c.lengths for c in stacked.chunks])
+    buffer = np.concatenate([c.buffer for c in stacked.chunks])
+    k = len(stacked.features)
+    i = table.schema.get_field_index(IDS)
+    arrays = [
+        _holder(buffer, starts.shape[0]),
+        pa.FixedSizeListArray.from_arrays(pa.array(starts.reshape(-1)), k),
+        pa.FixedSizeListArray.from_arrays(pa.array(lengths.reshape(-1)), k),
+    ]
+    for j, array in enumerate(arrays):
+        table = table.set_column(i + j, table.schema.field(i + j), pa.chunked_array([array]))
+    return table
+
+
 def _holder(buffer: np.ndarray, rows: int) -> pa.Array:
     """``rows`` empty lists whose child array is ``buffer``."""
     return pa.ListArray.from_arrays(

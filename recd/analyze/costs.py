@@ -71,7 +71,7 @@ from recd.layout_read import expand_stacked, read_stacked
 from recd.reader.config import SPARSE_PREPROCESS_KINDS, ReaderConfig
 from recd.reader.plan import ReadPlan, build_plan
 from recd.reader.stored_ops import split_preprocessing
-from recd.reader.stream import iter_worker_batches
+from recd.reader.stream import iter_stream_batches
 from recd.reader.transform import build_preprocessing
 from recd.tensors.batch import SparseFeatures
 from recd.tensors.convert import FeatureSpec, convert_sparse
@@ -247,6 +247,7 @@ def sparse_plan(
         sparse=sparse,
         batch_size=batch_size,
         drop_last=drop_last,
+        streams=1,  # table order, as one process reads it
         preprocessing=list(specs or []),
         dedup_sparse_features=groups or [],
     )
@@ -280,16 +281,16 @@ def sample_batches(
         specs=specs,
         groups=alone,
     )
-    total = plan.worker_num_batches(0, 0)
+    total = plan.stream_num_batches(0, 0)
     if total == 0:  # smaller than one batch: time what there is
         plan = sparse_plan(
             table, sparse, batch_size=batch_size, start=start, end=end, specs=specs, groups=alone
         )
-        return [b.rows for b in iter_worker_batches(plan, epoch=0, worker=0)]
+        return [b.rows for b in iter_stream_batches(plan, epoch=0, stream=0)]
     step = max(1, total // count)
     wanted = set(range(0, total, step)[:count])
     return [
-        b.rows for i, b in enumerate(iter_worker_batches(plan, epoch=0, worker=0)) if i in wanted
+        b.rows for i, b in enumerate(iter_stream_batches(plan, epoch=0, stream=0)) if i in wanted
     ]
 
 

@@ -85,7 +85,7 @@ from recd.etl.tables import committed_files
 from recd.layout import layout_of
 from recd.layout_read import read_plain
 from recd.progress import progress
-from recd.reader.stream import iter_worker_batches
+from recd.reader.stream import iter_stream_batches
 from recd.schema import CATALOGUE_METADATA_KEY, SESSION_ID, TS, Catalogue, catalogue_from_schema
 from recd.tensors.jagged import (
     JaggedColumn,
@@ -288,13 +288,13 @@ def reader_dedup_counts(
     end: str | None,
     show_progress: bool = False,
 ) -> list[DedupCounts]:
-    """Dedup every group inside each batch the reader cuts from ``root`` (one worker, table
+    """Dedup every group inside each batch the reader cuts from ``root`` (one stream, table
     order): ids in, distinct rows and ids out, exactly as the reader's IKJT conversion."""
     features = list(dict.fromkeys(f for g in groups for f in g))
     plan = sparse_plan(root, features, batch_size=batch_size, start=start, end=end)
     counts = [DedupCounts() for g in groups]
-    batches = iter_worker_batches(plan, epoch=0, worker=0)
-    total = plan.worker_num_batches(0, 0)
+    batches = iter_stream_batches(plan, epoch=0, stream=0)
+    total = plan.stream_num_batches(0, 0)
     if show_progress:
         batches = progress(batches, desc="analyze: reader batches", total=total, unit="batch")
     for batch in batches:

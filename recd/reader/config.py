@@ -9,7 +9,7 @@ Loaded from a TOML table such as::
     sparse = ["user_history", "cart_item_ids", "cart_seller_ids", "item_id"]
     dedup_sparse_features = [["user_history"], ["cart_item_ids", "cart_seller_ids"]]
     batch_size = 512
-    shuffle = "session"
+    shuffle = "session"              # whole sessions mixed across a window of rows
     preprocessing = [
         { kind = "hash_modulo", features = ["item_id"], modulo = 100000 },
         { kind = "truncate_last", features = ["user_history"], n = 50 },
@@ -54,6 +54,7 @@ _NOT_FINGERPRINTED = (
     "prefetch_factor",
     "pin_memory",
     "snapshot",
+    "num_workers",
     "engine",
     "ray_address",
     "ray_chunk_batches",
@@ -64,13 +65,22 @@ ENGINES = ("local", "ray")
 
 
 class Shuffle(StrEnum):
-    """Order in which the units of an epoch are read. Rows are never shuffled one by one:
-    that would scatter a session's duplicate rows over many batches and destroy the dedup."""
+    """Order in which an epoch's rows are read (``recd.reader.order``). ``rows`` and
+    ``session`` also permute rows inside windows of ``shuffle_window`` rows: ``rows`` one by
+    one (the plain KJT job's shuffle: it scatters a session's duplicates over many batches),
+    ``session`` whole sessions (a session's rows stay adjacent, so IKJT groups keep their
+    duplicates in one batch)."""
 
     NONE = "none"  # table order: partitions, files, row groups sorted
     FILE = "file"  # files permuted per epoch; row groups of a file stay in order
     ROW_GROUP = "row_group"  # (file, row group) units permuted per epoch
-    SESSION = "session"  # units permuted, and whole sessions permuted inside each row group
+    SESSION = "session"  # units permuted, then whole sessions permuted inside each window
+    ROWS = "rows"  # units permuted, then rows permuted inside each window
+
+    @property
+    def windowed(self) -> bool:
+        """Whether rows are permuted inside windows (``rows``, ``session``)."""
+        return self in (Shuffle.ROWS, Shuffle.SESSION)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -114,9 +124,20 @@ class ReaderConfig:
     run over IKJT distinct values only, and over the stored ids of features a dedup-layout
     table encodes (once per row group); dense kinds touch only the listed dense columns."""
     shuffle: Shuffle = Shuffle.NONE
-    """Shuffle granularity: none, file, row_group or session (never rows)."""
+    """Order of an epoch: none (table order), file, row_group (units permuted), session
+    (units permuted, then whole sessions mixed inside windows of ``shuffle_window`` rows:
+    for IKJT groups) or rows (units permuted, then rows mixed inside the windows: for plain
+    KJT jobs). docs/accuracy.md says which to use when."""
+    shuffle_window: int = 16384
+    """``rows`` / ``session``: rows mixed together, rounded up to a multiple of
+    ``batch_size``. Each stream holds one window (plus the row group it ends in) in memory, so
+    a reading process holds at most its streams x (window + one row group) rows."""
+    streams: int = 4
+    """Streams each rank's units are dealt to; consecutive batches come from consecutive
+    streams. The batch sequence depends on ``streams``, never on ``num_workers`` or
+    ``engine`` (which must divide it, or be 0)."""
     seed: int = 0
-    """Seed of the per-epoch permutation (with the epoch number)."""
+    """Seed of the per-epoch permutations (with the epoch number)."""
     drop_last: bool = False
     """Drop the final partial batch of each worker in each epoch."""
     num_epochs: int = 1
@@ -126,7 +147,9 @@ class ReaderConfig:
     world_size: int = 1
     """Number of trainer ranks; the units are split over world_size x max(num_workers, 1)."""
     num_workers: int = 0
-    """DataLoader worker processes of this rank (0: read in the main process)."""
+    """DataLoader worker processes of this rank (0: read in the main process); each reads
+    ``streams / num_workers`` streams, so it must divide ``streams``. It does not change the
+    batches: a run may resume with another worker count."""
     prefetch_factor: int = 2
     """Batches each worker process keeps in flight (DataLoader prefetch_factor)."""
     pin_memory: bool = False
@@ -162,6 +185,15 @@ class ReaderConfig:
         _check_int("world_size", self.world_size, minimum=1)
         _check_int("rank", self.rank, minimum=0)
         _check_int("num_workers", self.num_workers, minimum=0)
+        _check_int("streams", self.streams, minimum=1)
+        _check_int("shuffle_window", self.shuffle_window, minimum=1)
+        if self.engine == "local" and self.num_workers and self.streams % self.num_workers:
+            raise ConfigError(
+                f"reader.num_workers: {self.num_workers} does not divide reader.streams = "
+                f"{self.streams}: each worker reads an equal share of the streams (the batch "
+                "order is set by the streams, not the workers); use a divisor of streams, or "
+                "change streams (which changes the order)"
+            )
         _check_int("prefetch_factor", self.prefetch_factor, minimum=1)
         _check_int("seed", self.seed, minimum=0)
         _check_int("ray_chunk_batches", self.ray_chunk_batches, minimum=1)
@@ -259,13 +291,22 @@ class ReaderConfig:
         return max(self.num_workers, 1)
 
     @property
-    def num_global_workers(self) -> int:
-        """All reading processes of the job: world_size x workers_per_rank."""
-        return self.world_size * self.workers_per_rank
+    def num_global_streams(self) -> int:
+        """All streams of the job: world_size x streams."""
+        return self.world_size * self.streams
 
-    def global_worker_id(self, worker: int) -> int:
-        """Global id of local worker ``worker`` of this rank: rank * workers_per_rank + worker."""
-        return self.rank * self.workers_per_rank + worker
+    def global_stream_id(self, stream: int) -> int:
+        """Global id of stream ``stream`` of this rank: rank * streams + stream."""
+        return self.rank * self.streams + stream
+
+    def worker_streams(self, worker: int) -> list[int]:
+        """The streams local reading process ``worker`` reads: worker, worker + W, ..."""
+        return list(range(worker, self.streams, self.workers_per_rank))
+
+    @property
+    def window_rows(self) -> int:
+        """Rows of one shuffle window: ``shuffle_window`` rounded up to whole batches."""
+        return -(-self.shuffle_window // self.batch_size) * self.batch_size
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -277,6 +318,8 @@ class ReaderConfig:
         out = self.to_dict()
         for name in _NOT_FINGERPRINTED:
             out.pop(name)
+        if not self.shuffle.windowed:
+            out.pop("shuffle_window")  # no window: its size changes nothing
         return out
 
     def fingerprint(self) -> str:

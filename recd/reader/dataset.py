@@ -1,20 +1,27 @@
 """The reader as torch sees it: an IterableDataset of batches and a resumable loader around it.
 
 Each reading process (a DataLoader worker, or the main process when ``num_workers == 0``)
-runs ``recd.reader.stream.iter_worker_batches`` over its share of the units, converts each
-batch to tensors (``recd.reader.transform``) and yields it tagged with ``(epoch, worker,
-seq)``, ``seq`` counting that worker's batches in the epoch.
+reads its share of the rank's streams (``ReaderConfig.worker_streams``) with
+``recd.reader.stream.iter_stream_batches``, converts each batch to tensors
+(``recd.reader.transform``) and yields it tagged with ``(epoch, stream, seq)``, ``seq``
+counting that stream's batches in the epoch; a process reading several streams yields their
+batches in the rank's order.
 
-Order. ``ResumableLoader`` hands batches out in one canonical order per epoch: by
-``(seq, worker)``, i.e. round-robin over the workers (skipping workers that have run out),
-the order torch's DataLoader normally delivers them in. The loader enforces it with a small
-reorder buffer, so the order never depends on worker timing or on where a resumed run
-started (a fresh DataLoader always starts its round-robin at worker 0). ``iter_batches`` (single process, for tools and benchmarks) yields the same sequence.
+Order. ``ResumableLoader`` hands batches out in one order per epoch, the rank's order of
+``recd.reader.order``: by ``(seq, stream)``, i.e. round-robin over the streams (skipping
+streams that have run out). It depends on the seed and ``streams``, not on ``num_workers`` or
+the engine: worker ``w`` of ``W`` reads streams ``w, w + W, ...``, so torch's DataLoader,
+which takes one batch from each worker in turn, delivers them in that order, and a small
+reorder buffer absorbs the rest (streams of different lengths, Ray chunks, a resumed run's
+first round). ``iter_batches`` (single process, for tools and benchmarks) yields the same
+sequence.
 
-Resume. The position is ``(epoch, batches consumed per worker)``; a batch counts as consumed
-when the loader hands it to the caller (prefetched batches do not). ``load_state_dict`` makes
-the next ``__iter__`` start every worker at its own next batch: the worker maps that batch's
-first row to (unit, offset) with the Parquet footer row counts and reads nothing before it.
+Resume. The position is ``(epoch, batches handed out)``, from which the batches taken from
+each stream follow; a batch counts as consumed when the loader hands it to the caller
+(prefetched batches do not). ``load_state_dict`` (with any worker count) makes the next
+``__iter__`` start every stream at its own next batch: the stream maps that batch's first row
+to (unit, offset), or to its shuffle window, with the Parquet footer row counts and reads
+nothing before it.
 """
 
 from __future__ import annotations
@@ -30,13 +37,14 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from recd.errors import ConfigError, RecdError
 from recd.reader.config import ReaderConfig
 from recd.reader.memory import worker_init
+from recd.reader.order import canonical_counts, next_stream
 from recd.reader.plan import ReadPlan, build_plan
 from recd.reader.stats import BatchTiming, ReaderStats
-from recd.reader.stream import iter_worker_batches
+from recd.reader.stream import iter_stream_batches
 from recd.reader.transform import BatchTransform
 from recd.tensors.batch import Batch
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 
 @dataclass(slots=True)
@@ -44,16 +52,16 @@ class TaggedBatch:
     """A batch with the position it was read at (what DataLoader workers send back)."""
 
     epoch: int
-    worker: int
-    """Local worker id inside this rank (0 when reading in the main process)."""
+    stream: int
+    """Stream of this rank the batch belongs to."""
     seq: int
-    """Index of the batch among its worker's batches of the epoch."""
+    """Index of the batch among its stream's batches of the epoch."""
     batch: Batch
     timing: BatchTiming
 
     def pin_memory(self) -> TaggedBatch:
         """Called by DataLoader(pin_memory=True)."""
-        return TaggedBatch(self.epoch, self.worker, self.seq, self.batch.pin_memory(), self.timing)
+        return TaggedBatch(self.epoch, self.stream, self.seq, self.batch.pin_memory(), self.timing)
 
 
 @dataclass(slots=True)
@@ -82,12 +90,12 @@ def iter_tagged_batches(
     transform: BatchTransform,
     *,
     epoch: int,
-    worker: int,
+    stream: int,
     start_batch: int = 0,
 ) -> Iterator[TaggedBatch]:
-    """Converted, preprocessed batches of local ``worker`` in ``epoch`` from ``start_batch``."""
+    """Converted, preprocessed batches of ``stream`` in ``epoch`` from ``start_batch``."""
     seq = start_batch
-    for rows in iter_worker_batches(plan, epoch=epoch, worker=worker, start_batch=start_batch):
+    for rows in iter_stream_batches(plan, epoch=epoch, stream=stream, start_batch=start_batch):
         t0 = time.perf_counter()
         batch = transform.convert(rows.rows)
         t1 = time.perf_counter()
@@ -99,15 +107,38 @@ def iter_tagged_batches(
             convert_s=t1 - t0,
             process_s=t2 - t1 + rows.process_s,
             read_bytes=rows.read_bytes,
+            buffer_rows=rows.buffer_rows,
         )
-        yield TaggedBatch(epoch, worker, seq, batch, timing)
+        yield TaggedBatch(epoch, stream, seq, batch, timing)
         seq += 1
 
 
-class ReaderDataset(IterableDataset):
-    """Batches of one epoch of one rank; each DataLoader worker reads its own units.
+def iter_streams(
+    plan: ReadPlan,
+    transform: BatchTransform,
+    *,
+    epoch: int,
+    streams: list[int],
+    start_batches: list[int],
+) -> Iterator[TaggedBatch]:
+    """The batches of ``streams`` (of this rank) in ``epoch`` in the rank's order, stream ``s``
+    from batch ``start_batches[s]`` on (``start_batches`` has one entry per stream of the
+    rank)."""
+    totals = [plan.stream_num_batches(epoch, s) for s in range(plan.config.streams)]
+    counts = list(start_batches)
+    its = {
+        s: iter_tagged_batches(plan, transform, epoch=epoch, stream=s, start_batch=counts[s])
+        for s in streams
+    }
+    while (s := next_stream(totals, counts, streams)) is not None:
+        counts[s] += 1
+        yield next(its[s])
 
-    ``start_batches[w]`` is the first batch local worker ``w`` yields (resume position).
+
+class ReaderDataset(IterableDataset):
+    """Batches of one epoch of one rank; each DataLoader worker reads its own streams.
+
+    ``start_batches[s]`` is the first batch stream ``s`` yields (resume position).
     ``transform`` (built once, in the main process: compiling TorchScript takes seconds) is
     inherited by forked workers or re-created from its serialised modules otherwise.
     """
@@ -124,12 +155,10 @@ class ReaderDataset(IterableDataset):
         self.plan = plan
         self.transform = transform if transform is not None else BatchTransform(plan)
         self.epoch = epoch
-        n = plan.config.workers_per_rank
+        n = plan.config.streams
         self.start_batches = list(start_batches) if start_batches is not None else [0] * n
         if len(self.start_batches) != n:
-            raise ConfigError(
-                f"reader: {len(self.start_batches)} start positions for {n} workers per rank"
-            )
+            raise ConfigError(f"reader: {len(self.start_batches)} start positions for {n} streams")
 
     def __iter__(self) -> Iterator[TaggedBatch | WorkerFailure]:
         info = get_worker_info()
@@ -141,49 +170,17 @@ class ReaderDataset(IterableDataset):
                 "workers: build the loader with make_loader()"
             )
         try:
-            yield from iter_tagged_batches(
+            yield from iter_streams(
                 self.plan,
                 self.transform,
                 epoch=self.epoch,
-                worker=worker,
-                start_batch=self.start_batches[worker],
+                streams=self.plan.config.worker_streams(worker),
+                start_batches=self.start_batches,
             )
         except RecdError as exc:
             if info is None:
                 raise
             yield WorkerFailure.capture(worker, exc)
-
-
-def canonical_counts(totals: list[int], consumed: int) -> list[int]:
-    """Batches taken from each worker after the first ``consumed`` batches of the canonical
-    (seq, worker) order, given each worker's batch count ``totals``."""
-    if consumed > sum(totals):
-        raise ConfigError(
-            f"reader: position {consumed} is past the end of the epoch ({sum(totals)})"
-        )
-    lo, hi = 0, max(totals, default=0)  # r: the number of complete rounds
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if sum(min(t, mid) for t in totals) <= consumed:
-            lo = mid
-        else:
-            hi = mid - 1
-    counts = [min(t, lo) for t in totals]
-    left = consumed - sum(counts)
-    for w, t in enumerate(totals):  # a partial round goes to the lowest worker ids
-        if left and t > lo:
-            counts[w] += 1
-            left -= 1
-    return counts
-
-
-def next_worker(totals: list[int], counts: list[int]) -> int | None:
-    """The worker whose batch comes next in the canonical order (None: epoch finished)."""
-    best: tuple[int, int] | None = None
-    for w, (total, count) in enumerate(zip(totals, counts, strict=True)):
-        if count < total and (best is None or count < best[0]):
-            best = (count, w)
-    return None if best is None else best[1]
 
 
 class ResumableLoader:
@@ -204,12 +201,13 @@ class ResumableLoader:
         """Timings and bytes of the batches handed out by this loader."""
         self.epoch = 0
         """Current epoch (``num_epochs`` once everything has been read)."""
-        self._counts = [0] * config.workers_per_rank
+        self._counts = [0] * config.streams
+        """Batches handed out from each stream in the current epoch."""
         self._ray_stream: Iterator[TaggedBatch | WorkerFailure] | None = None
 
     def epoch_totals(self, epoch: int) -> list[int]:
-        """Batches each local worker yields in ``epoch``."""
-        return [self.plan.worker_num_batches(epoch, w) for w in range(self.config.workers_per_rank)]
+        """Batches each stream of this rank yields in ``epoch``."""
+        return [self.plan.stream_num_batches(epoch, s) for s in range(self.config.streams)]
 
     @property
     def batches_left(self) -> int:
@@ -259,13 +257,13 @@ class ResumableLoader:
         a DataLoader); one stopped midway (``break``) continues where it stopped."""
         if self.epoch >= self.config.num_epochs:
             self.epoch = 0
-            self._counts = [0] * self.config.workers_per_rank
+            self._counts = [0] * self.config.streams
         self._ray_stream = None  # engine "ray": started from this position when first needed
         try:
             while self.epoch < self.config.num_epochs:
                 yield from self._iter_epoch()
                 self.epoch += 1
-                self._counts = [0] * self.config.workers_per_rank
+                self._counts = [0] * self.config.streams
         finally:  # finished, or closed / dropped midway: stop the Ray execution now
             stream, self._ray_stream = self._ray_stream, None
             close = getattr(stream, "close", None)
@@ -274,7 +272,7 @@ class ResumableLoader:
 
     def _iter_epoch(self) -> Iterator[Batch]:
         totals = self.epoch_totals(self.epoch)
-        if next_worker(totals, self._counts) is None:
+        if next_stream(totals, self._counts) is None:
             return
         dataset = ReaderDataset(
             self.plan, epoch=self.epoch, start_batches=self._counts, transform=self.transform
@@ -283,12 +281,12 @@ class ResumableLoader:
         for item in self._source(dataset):
             if isinstance(item, WorkerFailure):
                 raise item.rebuild()
-            buffer[(item.worker, item.seq)] = item
-            while (w := next_worker(totals, self._counts)) is not None:
-                ready = buffer.pop((w, self._counts[w]), None)
+            buffer[(item.stream, item.seq)] = item
+            while (s := next_stream(totals, self._counts)) is not None:
+                ready = buffer.pop((s, self._counts[s]), None)
                 if ready is None:
                     break
-                self._counts[w] += 1
+                self._counts[s] += 1
                 self.stats.add(ready.timing)
                 yield ready.batch
 
@@ -300,7 +298,7 @@ class ResumableLoader:
 
                 epochs = [(dataset.epoch, self.epoch_totals(dataset.epoch), dataset.start_batches)]
                 epochs += [
-                    (e, self.epoch_totals(e), [0] * cfg.workers_per_rank)
+                    (e, self.epoch_totals(e), [0] * cfg.streams)
                     for e in range(dataset.epoch + 1, cfg.num_epochs)
                 ]
                 self._ray_stream = iter_ray_batches(self.plan, epochs)
@@ -321,11 +319,12 @@ class ResumableLoader:
         return iter(loader)
 
     def state_dict(self) -> dict[str, Any]:
-        """The exact position: epoch and batches handed out per worker, plus fingerprints."""
+        """The exact position: epoch and batches handed out (per stream too), plus
+        fingerprints. It holds nothing of the reading processes: any worker count resumes it."""
         return {
             "version": STATE_VERSION,
             "epoch": self.epoch,
-            "batches_per_worker": list(self._counts),
+            "batches_per_stream": list(self._counts),
             "batches_in_epoch": sum(self._counts),
             "config_fingerprint": self.config.fingerprint(),
             "plan_fingerprint": self.plan.fingerprint(),
@@ -339,6 +338,12 @@ class ResumableLoader:
         Raises ConfigError naming the differing config field, or saying that the table's
         units changed, when the state was recorded for another reader.
         """
+        if state.get("version") == 1:
+            raise ConfigError(
+                "reader state: saved by an older recd whose batch order depended on "
+                "reader.num_workers; this version cannot continue it exactly (resume with the "
+                "recd that wrote it, or start the run again)"
+            )
         if state.get("version") != STATE_VERSION:
             raise ConfigError(f"reader state: version {state.get('version')!r} is not supported")
         if state["config_fingerprint"] != self.config.fingerprint():
@@ -360,13 +365,13 @@ class ResumableLoader:
                 "saved (partitions or files added, removed or rewritten)"
             )
         epoch = int(state["epoch"])
-        counts = [int(c) for c in state["batches_per_worker"]]
+        counts = [int(c) for c in state["batches_per_stream"]]
         if epoch < self.config.num_epochs:
             expected = canonical_counts(self.epoch_totals(epoch), sum(counts))
             if counts != expected:
                 raise ConfigError(
-                    f"reader state: batches per worker {counts} is not a position of the "
-                    f"canonical order (expected {expected} after {sum(counts)} batches)"
+                    f"reader state: batches per stream {counts} is not a position of the "
+                    f"rank's order (expected {expected} after {sum(counts)} batches)"
                 )
         self.epoch = epoch
         self._counts = counts
@@ -382,22 +387,17 @@ def make_loader(config: ReaderConfig) -> ResumableLoader:
 
 
 def iter_batches(config: ReaderConfig, *, stats: ReaderStats | None = None) -> Iterator[Batch]:
-    """All batches of ``config`` read in this process, in the loader's canonical order.
+    """All batches of ``config`` read in this process, in the loader's order.
 
     For tools and benchmarks; ``stats`` (if given) accumulates the per-batch timings.
     """
     plan = build_plan(config)
     transform = BatchTransform(plan)
-    n = config.workers_per_rank
+    streams = list(range(config.streams))
     for epoch in range(config.num_epochs):
-        streams = [iter_tagged_batches(plan, transform, epoch=epoch, worker=w) for w in range(n)]
-        active = list(range(n))
-        while active:
-            for w in list(active):
-                item = next(streams[w], None)
-                if item is None:
-                    active.remove(w)
-                    continue
-                if stats is not None:
-                    stats.add(item.timing)
-                yield item.batch
+        for item in iter_streams(
+            plan, transform, epoch=epoch, streams=streams, start_batches=[0] * len(streams)
+        ):
+            if stats is not None:
+                stats.add(item.timing)
+            yield item.batch

@@ -7,19 +7,16 @@ partitions, validated against the config, then pickled to the DataLoader workers
   (ds, hour), files by name, row groups by index. Only committed files count: those of one
   Iceberg snapshot (``config.snapshot``, or the current one, which the plan's config records),
   or of a Hive-layout table's partitions holding ``_SUCCESS`` (recd.etl.tables).
-* **Order per epoch.** ``shuffle`` permutes the units with a generator seeded by
-  ``(seed, epoch)``: ``file`` permutes files (a file's row groups stay in order), ``row_group``
-  and ``session`` permute units (``session`` also permutes whole sessions inside each row
-  group, see ``session_order``). Rows are never shuffled one by one.
-* **Split.** The epoch's unit list is dealt round-robin over the job's global workers: global
-  worker ``g = rank * workers_per_rank + worker`` reads units ``g, g + G, g + 2G, ...`` of it
-  (``G = world_size * workers_per_rank``). Every unit, hence every row, is read exactly once
-  per epoch. Workers may get a different number of rows (at most one unit apart per round).
-* **Batches.** A worker concatenates the rows of its units and cuts them into batches of
-  ``batch_size`` rows (batches span row-group boundaries); its last partial batch is kept
-  unless ``drop_last``. Batch k of a worker therefore starts at row ``k * batch_size`` of its
-  stream, which ``locate`` maps back to (unit, offset) from the footer row counts: resuming
-  skips to a position without reading the data before it.
+* **Order per epoch.** ``recd.reader.order``: the units are ordered per ``shuffle`` with a
+  generator seeded by ``(seed, epoch)``, dealt round-robin over the job's ``world_size x
+  streams`` streams, and (``rows``, ``session``) permuted inside windows of rows. Every unit,
+  hence every row, is read exactly once per epoch. Streams may get a different number of rows
+  (at most one unit apart per round).
+* **Batches.** A stream's rows are cut into batches of ``batch_size`` rows (batches span
+  row-group boundaries); its last partial batch is kept unless ``drop_last``. Batch k of a
+  stream therefore starts at row ``k * batch_size`` of its stream, which ``locate`` maps back
+  to (unit, offset) from the footer row counts: resuming skips to a position (to its window,
+  for the windowed shuffles) without reading the data before it.
 """
 
 from __future__ import annotations
@@ -39,6 +36,7 @@ from recd.layout import PLAIN, Layout, layout_of
 from recd.layout_read import STACKED_COLUMNS
 from recd.reader.config import SPARSE_PREPROCESS_KINDS, ReaderConfig, Shuffle
 from recd.reader.infer import infer_catalogue, with_history_features
+from recd.reader.order import order_units
 from recd.schema import (
     CATALOGUE_METADATA_KEY,
     SESSION_ID,
@@ -53,7 +51,7 @@ class WorkUnit:
     """One row group of one Parquet file: the indivisible unit of work of a reader."""
 
     index: int
-    """Position in table order; seeds the session shuffle of this unit."""
+    """Position in table order."""
     path: str
     """Parquet file."""
     row_group: int
@@ -148,14 +146,14 @@ class ReadPlan:
         """All units of ``epoch`` in reading order (the shuffle for ``(seed, epoch)``)."""
         return order_units(self.units, self.config.shuffle, seed=self.config.seed, epoch=epoch)
 
-    def worker_units(self, epoch: int, worker: int) -> list[WorkUnit]:
-        """Units of local ``worker`` of this rank in ``epoch`` (round-robin split)."""
-        g = self.config.global_worker_id(worker)
-        return self.epoch_units(epoch)[g :: self.config.num_global_workers]
+    def stream_units(self, epoch: int, stream: int) -> list[WorkUnit]:
+        """Units of this rank's stream ``stream`` in ``epoch`` (round-robin split)."""
+        g = self.config.global_stream_id(stream)
+        return self.epoch_units(epoch)[g :: self.config.num_global_streams]
 
-    def worker_num_batches(self, epoch: int, worker: int) -> int:
-        """Batches local ``worker`` yields in ``epoch``."""
-        return self._global_worker_batches(epoch, self.config.global_worker_id(worker))
+    def stream_num_batches(self, epoch: int, stream: int) -> int:
+        """Batches this rank's stream ``stream`` yields in ``epoch``."""
+        return self._global_stream_batches(epoch, self.config.global_stream_id(stream))
 
     def rank_num_batches(self, epoch: int, rank: int) -> int:
         """Batches rank ``rank`` (any rank, not only this one) yields in ``epoch``.
@@ -163,11 +161,11 @@ class ReadPlan:
         Computed from the footers, without communication: a DDP trainer can stop every rank
         after ``min(rank_num_batches(e, r) for r in range(world_size))`` steps.
         """
-        per_rank = self.config.workers_per_rank
-        return sum(self._global_worker_batches(epoch, rank * per_rank + w) for w in range(per_rank))
+        n = self.config.streams
+        return sum(self._global_stream_batches(epoch, rank * n + s) for s in range(n))
 
-    def _global_worker_batches(self, epoch: int, g: int) -> int:
-        units = self.epoch_units(epoch)[g :: self.config.num_global_workers]
+    def _global_stream_batches(self, epoch: int, g: int) -> int:
+        units = self.epoch_units(epoch)[g :: self.config.num_global_streams]
         rows = sum(u.num_rows for u in units)
         return num_batches(rows, self.config.batch_size, drop_last=self.config.drop_last)
 
@@ -186,43 +184,6 @@ def locate(units: list[WorkUnit], row: int) -> Position:
         return Position(len(units), 0)
     start = int(ends[unit - 1]) if unit > 0 else 0
     return Position(unit, row - start)
-
-
-def order_units(
-    units: list[WorkUnit], shuffle: Shuffle, *, seed: int, epoch: int
-) -> list[WorkUnit]:
-    """Units in the reading order of ``epoch``: table order, or permuted per ``shuffle``."""
-    if shuffle == Shuffle.NONE or len(units) < 2:
-        return list(units)
-    rng = np.random.default_rng([seed, epoch])
-    if shuffle == Shuffle.FILE:
-        files: dict[str, list[WorkUnit]] = {}
-        for u in units:
-            files.setdefault(u.path, []).append(u)
-        groups = list(files.values())
-        return [u for i in rng.permutation(len(groups)) for u in groups[i]]
-    return [units[i] for i in rng.permutation(len(units))]
-
-
-def session_order(session_ids: np.ndarray, *, seed: int, epoch: int, unit: int) -> np.ndarray:
-    """Row indices that permute whole sessions of one row group (shape (N,), int64).
-
-    Sessions are the runs of equal ``session_ids`` (contiguous in a clustered table); the runs
-    are permuted with a generator seeded by ``(seed, epoch, unit)`` and each run keeps its
-    rows in order, so a session's duplicate rows stay adjacent.
-    """
-    n = len(session_ids)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    starts = np.flatnonzero(np.r_[True, session_ids[1:] != session_ids[:-1]])
-    lengths = np.diff(np.r_[starts, n])
-    perm = np.random.default_rng([seed, epoch, unit]).permutation(len(starts))
-    new_lengths = lengths[perm]
-    # Row j of permuted run r comes from starts[perm[r]] + j.
-    run_of_row = np.repeat(np.arange(len(perm)), new_lengths)
-    new_starts = np.cumsum(new_lengths) - new_lengths
-    within = np.arange(n) - new_starts[run_of_row]
-    return (starts[perm][run_of_row] + within).astype(np.int64)
 
 
 def build_plan(config: ReaderConfig) -> ReadPlan:

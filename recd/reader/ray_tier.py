@@ -2,28 +2,29 @@
 
 ``[reader] engine = "ray"`` moves reading, conversion (KJT + IKJTs) and preprocessing out of
 the trainer's process into Ray Data tasks. The work is the local reader's: the same plan, the
-same split of the units over ``world_size x workers_per_rank`` streams (each stream is what a
-DataLoader worker would read), the same rows per batch, built by the same functions
+same streams (``recd.reader.order``), the same rows per batch, built by the same functions
 (``recd.reader.dataset.iter_tagged_batches``), so every batch equals the local reader's.
 
 How one epoch of one rank runs::
 
     chunks   each stream's batches from its resume position, cut in chunks of
-             ``ray_chunk_batches``: (stream w, first batch s), listed round-robin over the
-             streams (chunk 0 of every stream, then chunk 1, ...): the order batches are used
+             ``ray_chunk_batches`` (``rows`` / ``session``: one shuffle window, so that no
+             window is read by two tasks): (stream s, first batch b), listed round-robin over
+             the streams (chunk 0 of every stream, then chunk 1, ...): the order batches are
+             used
     Ray Data from_items(chunks of every epoch left) -> map_batches(read_chunk), one chunk
              per task, at most ``num_workers`` tasks at once, ``preserve_order`` (chunks come
              back in list order whatever order the tasks finish in), object store use capped
              at ``ray_memory_mb`` (Ray's backpressure stops scheduling tasks beyond it); the
              worker processes stay up across epochs, each unpickles the plan and compiles the
              preprocessing once
-    task     builds the chunk's batches: iter_tagged_batches(plan, transform, epoch, w, s),
+    task     builds the chunk's batches: iter_tagged_batches(plan, transform, epoch, s, b),
              IKJTs per unit inside the task, pickled into one binary cell
-    trainer  unpickles, and the loader's reorder buffer hands them out in the canonical
-             (seq, worker) order: the local reader's sequence, resumable at any batch
+    trainer  unpickles, and the loader's reorder buffer hands them out in the rank's
+             (seq, stream) order: the local reader's sequence, resumable at any batch
 
 A task reads its chunk from the chunk's first row (the plan maps a batch to its unit and
-offset from the footers), so chunks are independent: a task whose worker process dies is run
+offset, or to its window, from the footers), so chunks are independent: a task whose worker process dies is run
 again by Ray (Ray Data retries a task whose process died), giving the same batches; nothing
 is lost or duplicated. A
 RecdError in a task (a bad row) comes back as data and is raised in the trainer with its own
@@ -57,7 +58,7 @@ from recd.reader.transform import BatchTransform
 log = logging.getLogger(__name__)
 
 KILL_DIR_ENV = "RECD_READER_TEST_KILL_DIR"
-"""Test hook: a directory. A task about to read chunk ``e<epoch>-w<stream>-b<first batch>``
+"""Test hook: a directory. A task about to read chunk ``e<epoch>-s<stream>-b<first batch>``
 finds ``<chunk>.kill`` there, renames it ``<chunk>.killed`` and kills its own worker process
 (os._exit), as a lost machine would. Unset in normal runs."""
 
@@ -91,10 +92,18 @@ def chunk_list(
     totals: list[int], start_batches: list[int], chunk_batches: int
 ) -> list[tuple[int, int, int]]:
     """(stream, first batch, batches) of every chunk left in an epoch, round-robin over the
-    streams: chunk 0 of each stream, then chunk 1, ..."""
+    streams: chunk 0 of each stream, then chunk 1, ... Chunks end at multiples of
+    ``chunk_batches`` (a resumed stream's first chunk is the rest of its chunk)."""
     per_stream = [
-        [(w, s, min(chunk_batches, total - s)) for s in range(start, total, chunk_batches)]
-        for w, (total, start) in enumerate(zip(totals, start_batches, strict=True))
+        [
+            (s, b, min(total, (b // chunk_batches + 1) * chunk_batches) - b)
+            for b in [
+                start,
+                *range((start // chunk_batches + 1) * chunk_batches, total, chunk_batches),
+            ]
+            if b < total
+        ]
+        for s, (total, start) in enumerate(zip(totals, start_batches, strict=True))
     ]
     longest = max((len(c) for c in per_stream), default=0)
     return [c[j] for j in range(longest) for c in per_stream if j < len(c)]
@@ -105,23 +114,23 @@ def read_chunk(item: dict[str, np.ndarray], *, plan: bytes) -> dict[str, Any]:
     WorkerFailure after the ones before a bad row, pickled into one binary cell."""
     from recd.reader.dataset import WorkerFailure, iter_tagged_batches
 
-    epoch, worker, first, count = (int(item[k][0]) for k in ("epoch", "worker", "first", "count"))
-    _kill_if_asked(f"e{epoch}-w{worker}-b{first}")
+    epoch, stream, first, count = (int(item[k][0]) for k in ("epoch", "stream", "first", "count"))
+    _kill_if_asked(f"e{epoch}-s{stream}-b{first}")
     read_plan, read_transform = _prepared(plan)
     out: list[Any] = []
     try:
         for tagged in iter_tagged_batches(
-            read_plan, read_transform, epoch=epoch, worker=worker, start_batch=first
+            read_plan, read_transform, epoch=epoch, stream=stream, start_batch=first
         ):
             out.append(tagged)
             if len(out) == count:
                 break
     except RecdError as exc:
-        out.append(WorkerFailure.capture(worker, exc))
+        out.append(WorkerFailure.capture(stream, exc))
     payload = pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
     return {
         "epoch": np.array([epoch]),
-        "worker": np.array([worker]),
+        "stream": np.array([stream]),
         "first": np.array([first]),
         "payload": np.array([payload], dtype=object),
     }
@@ -159,10 +168,11 @@ def ray_dataset(plan: ReadPlan, epochs: list[tuple[int, list[int], list[int]]]) 
     stream) of every epoch to read; one Ray Data execution covers them all, so Ray's worker
     processes (and their imports) serve every epoch."""
     cfg = plan.config
+    chunk = cfg.window_rows // cfg.batch_size if cfg.shuffle.windowed else cfg.ray_chunk_batches
     items = [
-        {"epoch": epoch, "worker": w, "first": s, "count": n}
+        {"epoch": epoch, "stream": s, "first": b, "count": n}
         for epoch, totals, starts in epochs
-        for w, s, n in chunk_list(totals, starts, cfg.ray_chunk_batches)
+        for s, b, n in chunk_list(totals, starts, chunk)
     ]
     if not items:
         return None

@@ -22,6 +22,9 @@ class BatchTiming:
     dedup layout's stored ids in the row groups opened while this batch was being filled."""
     read_bytes: int
     """Compressed bytes of the row groups opened while filling this batch."""
+    buffer_rows: int = 0
+    """Rows its stream held in memory while filling it (the shuffle window and the row group
+    kept for the next one, or the row groups the batch spans)."""
 
 
 @dataclass(slots=True)
@@ -34,6 +37,8 @@ class ReaderStats:
     convert_s: float = 0.0
     process_s: float = 0.0
     read_bytes: int = 0
+    peak_buffer_rows: int = 0
+    """The most rows one stream held in memory for a batch."""
 
     def add(self, timing: BatchTiming) -> None:
         self.batches += 1
@@ -42,6 +47,7 @@ class ReaderStats:
         self.convert_s += timing.convert_s
         self.process_s += timing.process_s
         self.read_bytes += timing.read_bytes
+        self.peak_buffer_rows = max(self.peak_buffer_rows, timing.buffer_rows)
 
     @property
     def total_s(self) -> float:

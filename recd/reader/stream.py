@@ -1,5 +1,6 @@
-"""One worker's stream of rows: read its units, check and normalise them, cut batches.
+"""One stream's rows: read its units, check and normalise them, permute windows, cut batches.
 
+The order (which units a stream reads, how windows are permuted) is ``recd.reader.order``'s.
 This is the Arrow half of a reader (the "fill" of the paper's Figure 10: read + decompress +
 decode); ``recd.reader.dataset`` converts each batch to tensors. Every column is checked
 vectorised once per row group, so bad data fails with the file, row and column at fault.
@@ -17,9 +18,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from recd.errors import BadRowError, SchemaError
-from recd.layout_read import stack_unit, take_rows
+from recd.layout_read import IDS, combine_stacked, stack_unit, take_rows
 from recd.reader.config import Shuffle
-from recd.reader.plan import ReadPlan, WorkUnit, locate, session_order
+from recd.reader.order import next_stream, window_order
+from recd.reader.plan import ReadPlan, WorkUnit, locate
 from recd.reader.stored_ops import split_preprocessing
 from recd.schema import SESSION_ID, strict_type
 from recd.tensors.jagged import SPARSE_TYPE
@@ -42,10 +44,14 @@ class RowBatch:
     process_s: float = 0.0
     """Seconds of sparse preprocessing run on the stored ids of the units opened while filling
     it (the dedup layout's features: ``recd.reader.stored_ops``), not counted in ``fill_s``."""
+    buffer_rows: int = 0
+    """Rows the stream held in memory while filling it: the shuffle window and the row group
+    kept for the next window, or the row groups the batch spans."""
 
 
 class UnitReader:
-    """Reads units of one plan, keeping the last opened file (its footer is parsed once)."""
+    """Reads units of one plan, keeping the last opened file (its footer is parsed once) and
+    the last unit read (a shuffle window ending inside it continues there)."""
 
     def __init__(self, plan: ReadPlan) -> None:
         self.plan = plan
@@ -57,12 +63,30 @@ class UnitReader:
         """Encoded features read as plain KJT rows: gathered once per unit."""
         self.process_s = 0.0
         """Seconds spent so far preprocessing stored ids (``recd.reader.stored_ops``)."""
+        self._last: tuple[int, pa.Table] | None = None
+        keep = [SESSION_ID] if SESSION_ID in plan.columns else []
+        self._columns = keep + plan.batch_columns
+        """What :meth:`read` returns: the batch columns, after the session ids if read."""
 
-    def read(self, unit: WorkUnit, *, epoch: int) -> pa.Table:
-        """The unit's rows: projected, checked, canonical types, sessions permuted if asked;
-        the plan's stacked features in their in-memory dedup form (``recd.layout``), its
-        other encoded features as plain rows, the sparse preprocessing of both applied to
-        the stored ids."""
+    def read_cached(self, unit: WorkUnit) -> tuple[pa.Table, bool]:
+        """:meth:`read`, or the table of the last unit read if it is ``unit``; and whether it
+        was read now."""
+        if self._last is not None and self._last[0] == unit.index:
+            return self._last[1], False
+        table = self.read(unit)
+        self._last = (unit.index, table)
+        return table, True
+
+    @property
+    def cached_rows(self) -> int:
+        """Rows of the unit kept by :meth:`read_cached`."""
+        return 0 if self._last is None else self._last[1].num_rows
+
+    def read(self, unit: WorkUnit) -> pa.Table:
+        """The unit's rows: projected, checked, canonical types; the plan's stacked features
+        in their in-memory dedup form (``recd.layout``), its other encoded features as plain
+        rows, the sparse preprocessing of both applied to the stored ids. The batch columns
+        (``plan.batch_columns``), after ``session_id`` when the plan reads it."""
         table = self._read_raw(unit)
         table = normalise_table(table, unit, self.plan)
         seconds: list[float] = []
@@ -79,11 +103,7 @@ class UnitReader:
                 plain=self._plain,
             )
             self.process_s += sum(seconds)
-        if self.plan.config.shuffle == Shuffle.SESSION:
-            ids = table.column(SESSION_ID).to_numpy()
-            order = session_order(ids, seed=self.plan.config.seed, epoch=epoch, unit=unit.index)
-            table = take_rows(table, pa.array(order))
-        return table.select(self.plan.batch_columns)
+        return table.select(self._columns)
 
     def _read_raw(self, unit: WorkUnit) -> pa.Table:
         columns = self.plan.columns
@@ -195,33 +215,129 @@ def _check_no_nulls(col: pa.ChunkedArray, name: str, unit: WorkUnit, *, what: st
         raise BadRowError(unit.path, unit.first_row + row, name, what)
 
 
-def iter_worker_batches(
-    plan: ReadPlan, *, epoch: int, worker: int, start_batch: int = 0
+@dataclass(slots=True)
+class _Piece:
+    """Consecutive rows of a stream (a unit, or a permuted window) and what reading them cost."""
+
+    rows: pa.Table
+    fill_s: float
+    process_s: float
+    read_bytes: int
+    buffer_rows: int
+
+
+def iter_stream_batches(
+    plan: ReadPlan, *, epoch: int, stream: int, start_batch: int = 0
 ) -> Iterator[RowBatch]:
-    """Batches of local ``worker`` in ``epoch``, from batch ``start_batch`` on.
+    """Batches of this rank's stream ``stream`` in ``epoch``, from batch ``start_batch`` on.
 
     Skipped batches are not read: the start row is mapped to (unit, offset) with the footer
-    row counts and reading begins there.
+    row counts (to its window, for ``rows`` and ``session``) and reading begins there.
     """
-    config = plan.config
-    size = config.batch_size
-    units = plan.worker_units(epoch, worker)
-    pos = locate(units, start_batch * size)
+    units = plan.stream_units(epoch, stream)
+    first_row = start_batch * plan.config.batch_size
     reader = UnitReader(plan)
-    parts: list[pa.Table] = []
-    pending = 0
-    fill_s = process_s = 0.0
-    read_bytes = 0
+    if plan.config.shuffle.windowed:
+        pieces = _windows(plan, reader, units, epoch=epoch, stream=stream, first_row=first_row)
+    else:
+        pieces = _units(plan, reader, units, first_row=first_row)
+    yield from _cut(pieces, plan.config.batch_size, drop_last=plan.config.drop_last)
+
+
+def iter_rank_batches(plan: ReadPlan, *, epoch: int) -> Iterator[RowBatch]:
+    """Every batch of this rank in ``epoch``, in the rank's order (one from each stream in
+    turn): what the loader hands out, read in this process."""
+    n = plan.config.streams
+    totals = [plan.stream_num_batches(epoch, s) for s in range(n)]
+    streams = [iter_stream_batches(plan, epoch=epoch, stream=s) for s in range(n)]
+    counts = [0] * n
+    while (s := next_stream(totals, counts)) is not None:
+        counts[s] += 1
+        yield next(streams[s])
+
+
+def _units(
+    plan: ReadPlan, reader: UnitReader, units: list[WorkUnit], *, first_row: int
+) -> Iterator[_Piece]:
+    """The stream's units in order, from ``first_row`` on."""
+    pos = locate(units, first_row)
     for i in range(pos.unit, len(units)):
         t0 = time.perf_counter()
         before = reader.process_s
-        table = reader.read(units[i], epoch=epoch)
+        table = reader.read(units[i]).select(plan.batch_columns)
         if i == pos.unit and pos.offset:
             table = table.slice(pos.offset)
         processed = reader.process_s - before
-        fill_s += time.perf_counter() - t0 - processed
-        process_s += processed
-        read_bytes += units[i].read_bytes
+        fill_s = time.perf_counter() - t0 - processed
+        yield _Piece(table, fill_s, processed, units[i].read_bytes, units[i].num_rows)
+
+
+def _windows(
+    plan: ReadPlan,
+    reader: UnitReader,
+    units: list[WorkUnit],
+    *,
+    epoch: int,
+    stream: int,
+    first_row: int,
+) -> Iterator[_Piece]:
+    """The stream's windows, each permuted (``recd.reader.order.window_order``), from
+    ``first_row`` on."""
+    config = plan.config
+    size = config.window_rows
+    total = sum(u.num_rows for u in units)
+    window, offset = divmod(first_row, size)
+    global_stream = config.global_stream_id(stream)
+    while window * size < total:
+        t0 = time.perf_counter()
+        before = reader.process_s
+        lo, hi = window * size, min((window + 1) * size, total)
+        pos = locate(units, lo)
+        parts, read_bytes, i, skip = [], 0, pos.unit, pos.offset
+        need = hi - lo
+        while need:
+            table, fresh = reader.read_cached(units[i])
+            read_bytes += units[i].read_bytes if fresh else 0
+            part = table.slice(skip, need)
+            parts.append(part)
+            need -= part.num_rows
+            i, skip = i + 1, 0
+        buffer_rows = (hi - lo) + reader.cached_rows
+        rows = _concat(parts)
+        if IDS in rows.column_names:
+            rows = combine_stacked(rows)
+        ids = rows.column(SESSION_ID).to_numpy() if config.shuffle == Shuffle.SESSION else None
+        order = window_order(
+            config.shuffle,
+            rows.num_rows,
+            ids,
+            seed=config.seed,
+            epoch=epoch,
+            stream=global_stream,
+            window=window,
+        )
+        rows = take_rows(rows, pa.array(order)).select(plan.batch_columns)
+        if offset:
+            rows, offset = rows.slice(offset), 0
+        processed = reader.process_s - before
+        fill_s = time.perf_counter() - t0 - processed
+        yield _Piece(rows, fill_s, processed, read_bytes, buffer_rows)
+        window += 1
+
+
+def _cut(pieces: Iterator[_Piece], size: int, *, drop_last: bool) -> Iterator[RowBatch]:
+    """Batches of ``size`` rows cut from consecutive pieces; the last partial one unless
+    ``drop_last``."""
+    parts: list[pa.Table] = []
+    pending = 0
+    fill_s = process_s = 0.0
+    read_bytes = buffer_rows = 0
+    for piece in pieces:
+        table = piece.rows
+        fill_s += piece.fill_s
+        process_s += piece.process_s
+        read_bytes += piece.read_bytes
+        buffer_rows = max(buffer_rows, piece.buffer_rows)
         while pending + table.num_rows >= size:
             take = size - pending
             parts.append(table.slice(0, take))
@@ -233,12 +349,14 @@ def iter_worker_batches(
                 fill_s=fill_s + time.perf_counter() - t0,
                 read_bytes=read_bytes,
                 process_s=process_s,
+                buffer_rows=buffer_rows,
             )
             parts, pending, fill_s, process_s, read_bytes = [], 0, 0.0, 0.0, 0
+            buffer_rows = piece.buffer_rows
         if table.num_rows:
             parts.append(table)
             pending += table.num_rows
-    if pending and not config.drop_last:
+    if pending and not drop_last:
         t0 = time.perf_counter()
         rows = _concat(parts)
         yield RowBatch(
@@ -246,6 +364,7 @@ def iter_worker_batches(
             fill_s=fill_s + time.perf_counter() - t0,
             read_bytes=read_bytes,
             process_s=process_s,
+            buffer_rows=buffer_rows,
         )
 
 

@@ -504,6 +504,7 @@ def ordered_reader(
         end=end,
         batch_size=batch_size,
         shuffle=Shuffle.NONE,
+        streams=1,
         num_epochs=1,
         drop_last=False,
         rank=0,

@@ -674,6 +674,7 @@ class Trainer:
                 rank=0,
                 world_size=1,
                 num_workers=0,
+                streams=1,
                 shuffle=Shuffle.NONE,
                 num_epochs=1,
             )

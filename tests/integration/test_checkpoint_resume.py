@@ -500,12 +500,13 @@ def test_state_json_keeps_entries_only_for_checkpoints_on_disk(
 def test_dataloader_workers_survive_signals_sent_to_the_whole_group(
     reference: Reference, tmp_path: Path
 ) -> None:
-    """SIGUSR1 to the process group reaches the reader's worker process too; it must keep
+    """SIGUSR1 to the process group reaches the reader's worker processes too; they must keep
     serving batches (the trainer goes on to step N), and a SIGTERM to the group must still
-    end with the checkpoint written and exit 0."""
+    end with the checkpoint written and exit 0. Two workers train exactly as the reference's
+    reading in the main process, and the run resumes in the main process, bit-exact."""
     config, run_dir = scenario_config(reference, tmp_path)
-    text = config.read_text().replace("[reader]\n", "[reader]\nnum_workers = 1\n")
-    config.write_text(text)
+    text = config.read_text()
+    config.write_text(text.replace("[reader]\n", "[reader]\nnum_workers = 2\n"))
     assert run_child(config, signal_at=(3, signal.SIGUSR1), group=True) == 0
     assert sha256(checkpoint_path(run_dir, 3)) == reference.sha[3]
     assert sha256(checkpoint_path(run_dir, N)) == reference.sha[N]
@@ -514,6 +515,9 @@ def test_dataloader_workers_survive_signals_sent_to_the_whole_group(
     assert run_child(config, signal_at=(8, signal.SIGTERM), group=True) == 0
     assert newest_valid_checkpoint(run_dir) == checkpoint_path(run_dir, 8)
     assert sha256(checkpoint_path(run_dir, 8)) == reference.sha[8]
+    config.write_text(text)  # another worker count: the same batches from step 9 on
+    assert run_child(config, resume=True) == 0
+    assert sha256(checkpoint_path(run_dir, N)) == reference.sha[N]
 
 
 def test_a_slow_background_snapshot_still_holds_the_state_of_its_step(

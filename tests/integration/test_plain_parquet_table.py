@@ -64,6 +64,7 @@ def reader(table: Path, **kwargs: object) -> ReaderConfig:
         "sparse": ["item", "hist"],
         "history_features": [["hist"]],
         "batch_size": 256,
+        "streams": 1,  # table order: the checks compare with the files row by row
         **kwargs,
     }
     return ReaderConfig(table=str(table), **options)  # type: ignore[arg-type]

@@ -66,6 +66,7 @@ def configs(table: Path) -> dict[str, ReaderConfig]:
         "ikjt": ReaderConfig(
             **common,  # type: ignore[arg-type]
             shuffle="session",
+            shuffle_window=192,  # 3 batches: a window is one Ray task's chunk
             dedup_sparse_features=[["user_history"]],
             preprocessing=[{"kind": "hash_modulo", "features": ["user_history"], "modulo": 97}],
             ray_chunk_batches=3,
@@ -121,9 +122,9 @@ def test_a_killed_reader_worker_loses_and_duplicates_nothing(
     config = configs(table)["ikjt"]
     local = list(ResumableLoader(config))
     totals = ResumableLoader(config).epoch_totals(0)
-    chunks = chunk_list(totals, [0, 0], config.ray_chunk_batches)
+    chunks = chunk_list(totals, [0] * config.streams, config.window_rows // config.batch_size)
     assert len(chunks) >= 4
-    victims = [f"e0-w{chunks[3][0]}-b{chunks[3][1]}", f"e1-w0-b{config.ray_chunk_batches}"]
+    victims = [f"e0-s{chunks[3][0]}-b{chunks[3][1]}", f"e1-s0-b{config.ray_chunk_batches}"]
     for name in victims:
         (kill_dir / f"{name}.kill").touch()
     remote = list(ResumableLoader(on_ray(config)))
@@ -152,7 +153,7 @@ def test_the_dataset_is_ordered_and_capped_without_touching_the_process_settings
     before_order, before_limits = before.preserve_order, before.resource_limits
     plan = build_plan(config)
     totals = ResumableLoader(config).epoch_totals(0)
-    dataset = ray_dataset(plan, [(0, totals, [0, 0])])
+    dataset = ray_dataset(plan, [(0, totals, [0] * config.streams)])
     options = dataset.context.execution_options
     assert options.preserve_order  # chunks come back in list order
     assert options.resource_limits.object_store_memory == 64 * 2**20  # Ray's backpressure cap

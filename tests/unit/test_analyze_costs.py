@@ -43,7 +43,9 @@ def write_two_partitions(root: Path, table: pa.Table, *, row_group_rows: int) ->
 
 def reader_ids(table: Path, groups: list[list[str]], batch_size: int) -> tuple[int, int]:
     """(ids the reader's IKJTs would hold expanded, ids they hold) over every batch."""
-    config = ReaderConfig(table=str(table), batch_size=batch_size, dedup_sparse_features=groups)
+    config = ReaderConfig(
+        table=str(table), batch_size=batch_size, dedup_sparse_features=groups, streams=1
+    )
     expanded = stored = 0
     for batch in iter_batches(config):
         for ikjt in batch.sparse.ikjts:

@@ -30,7 +30,7 @@ def with_value(section: str, key: str, value: Any) -> dict[str, dict[str, Any]]:
         ("reader", "drop_last", "no", "expected `bool`, got `str`"),
         ("reader", "batch_size", 1.5, "expected `int`, got `float`"),
         ("reader", "batch_size", True, "expected `int`, got `bool`"),
-        ("reader", "shuffle", "rows", "invalid enum value 'rows'"),
+        ("reader", "shuffle", "row", "invalid enum value 'row'"),
         ("reader", "dedup_sparse_features", [["a"], [1]], "expected `str`, got `int`"),
         ("train", "plot", "no", "expected `bool`, got `str`"),
         ("train", "steps", "100", "expected `int`, got `str`"),

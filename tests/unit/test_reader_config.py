@@ -38,7 +38,8 @@ def test_load_from_toml_resolves_table_next_to_the_file(tmp_path: Path) -> None:
     assert cfg.preprocessing[0] == {"kind": "hash_modulo", "features": ["hist"], "modulo": 1000}
     assert cfg.start_ms == 1_793_491_200_000  # 2026-11-01T00:00Z
     assert cfg.end_ms == cfg.start_ms + 2 * 3_600_000  # type: ignore[operator]
-    assert cfg.num_global_workers == 2 and cfg.global_worker_id(1) == 1
+    assert cfg.num_global_streams == 4 and cfg.global_stream_id(1) == 1
+    assert cfg.worker_streams(0) == [0, 2] and cfg.worker_streams(1) == [1, 3]
 
 
 def test_unknown_option_and_missing_section(tmp_path: Path) -> None:
@@ -57,9 +58,12 @@ def test_unknown_option_and_missing_section(tmp_path: Path) -> None:
     [
         ({"batch_size": 0}, r"reader.batch_size: expected an integer >= 1, got 0"),
         (
-            {"shuffle": "rows"},
-            r"reader.shuffle: 'rows' is not one of none, file, row_group, session",
+            {"shuffle": "row"},
+            r"reader.shuffle: 'row' is not one of none, file, row_group, session, rows",
         ),
+        ({"num_workers": 3}, r"reader.num_workers: 3 does not divide reader.streams = 4"),
+        ({"streams": 0}, r"reader.streams: expected an integer >= 1, got 0"),
+        ({"shuffle_window": 0}, r"reader.shuffle_window: expected an integer >= 1, got 0"),
         ({"rank": 2, "world_size": 2}, r"reader.rank: 2 must be < world_size 2"),
         ({"num_workers": -1}, r"reader.num_workers: expected an integer >= 0, got -1"),
         ({"start": "yesterday"}, r"reader.start: cannot parse 'yesterday'"),
@@ -105,6 +109,15 @@ def test_fingerprint_covers_position_fields_only() -> None:
     assert (
         base.fingerprint() == ReaderConfig(table="t", batch_size=8, prefetch_factor=4).fingerprint()
     )
-    for change in ({"batch_size": 9}, {"seed": 1}, {"num_workers": 2}, {"shuffle": "file"}):
+    # The reading processes do not change the batches; nor does a window nothing permutes.
+    for same in ({"num_workers": 2}, {"engine": "ray"}, {"shuffle_window": 99}):
+        other = ReaderConfig(table="t", **{"batch_size": 8, **same})  # type: ignore[arg-type]
+        assert other.fingerprint() == base.fingerprint(), same
+    rows = ReaderConfig(table="t", batch_size=8, shuffle="rows")
+    assert (
+        rows.fingerprint()
+        != ReaderConfig(table="t", batch_size=8, shuffle="rows", shuffle_window=99).fingerprint()
+    )
+    for change in ({"batch_size": 9}, {"seed": 1}, {"streams": 2}, {"shuffle": "file"}):
         other = ReaderConfig(table="t", **{"batch_size": 8, **change})  # type: ignore[arg-type]
         assert other.fingerprint() != base.fingerprint(), change

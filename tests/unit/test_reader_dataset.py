@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 from pathlib import Path
@@ -14,9 +15,9 @@ import torch
 
 from recd.errors import BadRowError, ConfigError
 from recd.reader import ReaderConfig, ReaderStats, iter_batches, make_loader
-from recd.reader.dataset import canonical_counts, next_worker
+from recd.reader.order import canonical_counts, next_stream
 from recd.reader.plan import build_plan
-from recd.reader.stream import iter_worker_batches
+from recd.reader.stream import iter_stream_batches
 from recd.reader.transform import BatchTransform
 from recd.tensors.batch import Batch
 
@@ -54,7 +55,7 @@ def row_ids(batch: Batch) -> list[int]:
 
 
 def test_batches_hold_rows_and_dedup_groups(table: Path) -> None:
-    cfg = ReaderConfig(table=str(table), batch_size=6, dedup_sparse_features=GROUPS)
+    cfg = ReaderConfig(table=str(table), batch_size=6, dedup_sparse_features=GROUPS, streams=1)
     stats = ReaderStats()
     batches = list(iter_batches(cfg, stats=stats))
     assert [b.batch_size for b in batches] == [6, 6, 6, 6, 6, 1]
@@ -70,7 +71,7 @@ def test_batches_hold_rows_and_dedup_groups(table: Path) -> None:
     assert stats.batches == 6 and stats.rows == 31 and stats.read_bytes > 0
     assert stats.fill_s > 0 and stats.convert_s > 0
     # Differential: the dedup path expands to exactly the plain path's KJT.
-    plain = list(iter_batches(ReaderConfig(table=str(table), batch_size=6)))
+    plain = list(iter_batches(ReaderConfig(table=str(table), batch_size=6, streams=1)))
     keys = ["hist", "cart_a", "cart_b", "item_id"]
     for d, p in zip(batches, plain, strict=True):
         kd, kp = d.sparse.to_kjt(keys), p.sparse.to_kjt(keys)
@@ -126,7 +127,7 @@ def test_transform_pickles_its_compiled_modules(table: Path) -> None:
     plan = build_plan(cfg)
     transform = BatchTransform(plan)
     copy = pickle.loads(pickle.dumps(transform))
-    rows = next(iter_worker_batches(plan, epoch=0, worker=0)).rows
+    rows = next(iter_stream_batches(plan, epoch=0, stream=0)).rows
     a, b = transform.process(transform.convert(rows)), copy.process(copy.convert(rows))
     assert_same_batch(a, b)
     age = torch.tensor(rows.column("age").to_numpy())
@@ -195,12 +196,53 @@ def test_resume_gives_exactly_the_next_batches(table: Path, num_workers: int, wh
         assert row_ids(a) == row_ids(b)
 
 
+@pytest.mark.parametrize("shuffle", ["none", "row_group", "rows", "session"])
+def test_batches_do_not_depend_on_worker_count(table: Path, shuffle: str) -> None:
+    """The same batches, in the same order, read in the main process or by 1, 2 or 4
+    DataLoader workers; and a run stopped with 2 workers resumes exactly with 0 or 4."""
+    base = ReaderConfig(
+        table=str(table),
+        batch_size=3,
+        shuffle=shuffle,
+        shuffle_window=9,
+        dedup_sparse_features=GROUPS,
+        seed=2,
+        num_epochs=2,
+    )
+    expected = list(iter_batches(base))
+    assert sum(b.batch_size for b in expected) == 62
+    for workers in (0, 1, 2, 4):
+        got = list(make_loader(dataclasses.replace(base, num_workers=workers)))
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected, strict=True):
+            assert_same_batch(a, b)
+    two = make_loader(dataclasses.replace(base, num_workers=2))
+    it = iter(two)
+    for _ in range(7):
+        next(it)
+    state = json.loads(json.dumps(two.state_dict()))
+    del it
+    for workers in (0, 4):
+        resumed = make_loader(dataclasses.replace(base, num_workers=workers))
+        resumed.load_state_dict(state)
+        rest = list(resumed)
+        assert len(rest) == len(expected) - 7
+        for a, b in zip(rest, expected[7:], strict=True):
+            assert_same_batch(a, b)
+
+
+def test_a_state_from_the_worker_ordered_reader_is_refused(table: Path) -> None:
+    old = {"version": 1, "epoch": 0, "batches_per_worker": [1]}
+    with pytest.raises(ConfigError, match=r"depended on reader\.num_workers"):
+        make_loader(ReaderConfig(table=str(table))).load_state_dict(old)
+
+
 def test_state_dict_checks_config_and_table(table: Path) -> None:
     cfg = ReaderConfig(table=str(table), batch_size=4)
     loader = make_loader(cfg)
     next(iter(loader))
     state = loader.state_dict()
-    assert state["epoch"] == 0 and state["batches_per_worker"] == [1]
+    assert state["epoch"] == 0 and state["batches_per_stream"] == [1, 0, 0, 0]
     with pytest.raises(ConfigError, match=r"reader.batch_size: saved 4, now 5"):
         make_loader(ReaderConfig(table=str(table), batch_size=5)).load_state_dict(state)
     directory = table / "ds=2026-11-01" / "hour=05"
@@ -218,8 +260,9 @@ def test_canonical_order_positions() -> None:
     assert canonical_counts(totals, 4) == [2, 1, 1]
     assert canonical_counts(totals, 5) == [2, 1, 2]
     assert canonical_counts(totals, 6) == [3, 1, 2]
-    assert next_worker(totals, [2, 1, 1]) == 2
-    assert next_worker(totals, [3, 1, 2]) is None
+    assert next_stream(totals, [2, 1, 1]) == 2
+    assert next_stream(totals, [3, 1, 2]) is None
+    assert next_stream(totals, [1, 0, 0], among=[0, 2]) == 2  # a worker's share of the streams
     with pytest.raises(ConfigError, match="past the end"):
         canonical_counts(totals, 7)
 
@@ -240,3 +283,16 @@ def test_bad_row_in_a_worker_keeps_its_error_type(tmp_path: Path, num_workers: i
     ) as err:
         list(loader)
     assert err.value.row == 10 and err.value.field == "hist"
+
+
+def test_ray_chunks_end_at_chunk_boundaries_round_robin_over_streams() -> None:
+    from recd.reader.ray_tier import chunk_list
+
+    # stream 0: 7 batches from 0; stream 1: 5 batches resumed at 4 (mid-chunk); chunks of 3
+    assert chunk_list([7, 5], [0, 4], 3) == [
+        (0, 0, 3),
+        (1, 4, 1),
+        (0, 3, 3),
+        (0, 6, 1),
+    ]
+    assert chunk_list([3, 0], [3, 0], 3) == []

@@ -1,4 +1,4 @@
-"""Read plan and row stream: partitions, units, split over workers, shuffles, resume, bad data."""
+"""Read plan and row stream: partitions, units, split over streams, shuffles, resume, bad data."""
 
 from __future__ import annotations
 
@@ -14,13 +14,9 @@ from recd.errors import BadRowError, ConfigError, SchemaError
 from recd.etl.commit import committed_partition_dirs
 from recd.reader.config import ReaderConfig, Shuffle
 from recd.reader.infer import with_history_features
-from recd.reader.plan import (
-    build_plan,
-    locate,
-    order_units,
-    session_order,
-)
-from recd.reader.stream import iter_worker_batches
+from recd.reader.order import order_units, session_order, window_order
+from recd.reader.plan import build_plan, locate
+from recd.reader.stream import iter_rank_batches, iter_stream_batches
 from recd.schema import SparseKind
 
 from .reader_tables import make_rows, write_table
@@ -69,17 +65,83 @@ def test_units_in_table_order_with_row_counts(table: Path) -> None:
 
 
 @pytest.mark.parametrize("shuffle", list(Shuffle))
-def test_units_split_over_ranks_and_workers_exactly_once(table: Path, shuffle: Shuffle) -> None:
+def test_units_split_over_ranks_and_streams_exactly_once(table: Path, shuffle: Shuffle) -> None:
     for epoch in range(3):
         seen: list[int] = []
         for rank in range(2):
             cfg = ReaderConfig(
-                table=str(table), shuffle=shuffle, rank=rank, world_size=2, num_workers=2, seed=7
+                table=str(table), shuffle=shuffle, rank=rank, world_size=2, streams=2, seed=7
             )
             plan = build_plan(cfg)
-            for worker in range(2):
-                seen += [u.index for u in plan.worker_units(epoch, worker)]
+            for stream in range(2):
+                seen += [u.index for u in plan.stream_units(epoch, stream)]
         assert sorted(seen) == list(range(len(plan.units)))
+
+
+@pytest.mark.parametrize("shuffle", list(Shuffle))
+@pytest.mark.parametrize("window", [4, 7, 1000])
+def test_every_shuffle_reads_each_row_once_per_epoch(
+    table: Path, shuffle: Shuffle, window: int
+) -> None:
+    """Over ranks and streams, with windows smaller than, across and larger than row groups."""
+    for epoch in range(2):
+        rows: list[int] = []
+        for rank in range(2):
+            cfg = ReaderConfig(
+                table=str(table),
+                shuffle=shuffle,
+                shuffle_window=window,
+                batch_size=2,
+                rank=rank,
+                world_size=2,
+                streams=3,
+                seed=5,
+            )
+            plan = build_plan(cfg)
+            for stream in range(3):
+                batches = list(iter_stream_batches(plan, epoch=epoch, stream=stream))
+                assert len(batches) == plan.stream_num_batches(epoch, stream)
+                rows += [r for b in batches for r in item_ids(b.rows)]
+        assert sorted(rows) == list(range(31))
+
+
+def test_rows_shuffle_mixes_row_groups_inside_a_batch(table: Path) -> None:
+    """A window spans several row groups drawn from the whole table: a batch holds rows of
+    several row groups and partitions, in an order that changes with the seed and epoch."""
+    cfg = ReaderConfig(table=str(table), shuffle="rows", shuffle_window=16, batch_size=8, streams=1)
+    plan = build_plan(cfg)
+    unit_of = {r: u.index for u in plan.units for r in _unit_rows(u)}
+    batches = [item_ids(b.rows) for b in iter_stream_batches(plan, epoch=0, stream=0)]
+    assert max(len({unit_of[r] for r in b}) for b in batches) >= 3
+    again = [item_ids(b.rows) for b in iter_stream_batches(plan, epoch=0, stream=0)]
+    assert again == batches
+    other = [item_ids(b.rows) for b in iter_stream_batches(plan, epoch=1, stream=0)]
+    assert other != batches
+
+
+def test_window_orders_are_permutations_seeded_per_window() -> None:
+    kw = {"seed": 3, "epoch": 0, "stream": 1}
+    order = window_order(Shuffle.ROWS, 50, None, window=0, **kw)
+    assert sorted(order.tolist()) == list(range(50))
+    assert np.array_equal(order, window_order(Shuffle.ROWS, 50, None, window=0, **kw))
+    assert not np.array_equal(order, window_order(Shuffle.ROWS, 50, None, window=1, **kw))
+    ids = np.repeat(np.arange(10), 5)
+    by_session = window_order(Shuffle.SESSION, 50, ids, window=0, **kw)
+    assert sorted(by_session.tolist()) == list(range(50))
+    runs = ids[by_session].reshape(10, 5)
+    assert (runs == runs[:, :1]).all()  # each session stays one run of 5
+    with pytest.raises(ValueError, match="does not permute"):
+        window_order(Shuffle.ROW_GROUP, 50, None, window=0, **kw)
+
+
+@pytest.mark.parametrize("shuffle", [Shuffle.ROWS, Shuffle.SESSION])
+def test_a_stream_holds_at_most_a_window_and_one_row_group(table: Path, shuffle: Shuffle) -> None:
+    cfg = ReaderConfig(table=str(table), shuffle=shuffle, shuffle_window=6, batch_size=3)
+    plan = build_plan(cfg)
+    largest = max(u.num_rows for u in plan.units)
+    held = [b.buffer_rows for b in iter_rank_batches(plan, epoch=0)]
+    assert max(held) <= cfg.window_rows + largest
+    assert max(held) > cfg.window_rows  # the row group kept for the next window is counted
 
 
 def test_shuffle_orders_depend_on_seed_and_epoch_only(table: Path) -> None:
@@ -99,13 +161,13 @@ def test_shuffle_orders_depend_on_seed_and_epoch_only(table: Path) -> None:
 
 def test_session_order_permutes_whole_sessions() -> None:
     ids = np.array([5, 5, 5, 9, 2, 2, 7, 7, 7, 7, 1])
-    order = session_order(ids, seed=0, epoch=0, unit=0)
+    order = session_order(ids, np.random.default_rng(0))
     assert sorted(order.tolist()) == list(range(len(ids)))
     permuted = ids[order]
     runs = [permuted[0]] + [b for a, b in itertools.pairwise(permuted) if a != b]
     assert sorted(runs) == [1, 2, 5, 7, 9]  # each session is one contiguous run
     assert np.all(np.diff(order)[permuted[1:] == permuted[:-1]] == 1)  # rows keep their order
-    orders = {tuple(session_order(ids, seed=0, epoch=e, unit=0)) for e in range(6)}
+    orders = {tuple(session_order(ids, np.random.default_rng(e))) for e in range(6)}
     assert len(orders) > 1
 
 
@@ -118,17 +180,17 @@ def test_locate_maps_rows_to_units(table: Path) -> None:
 
 
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_worker_batches_cover_rows_once_and_span_row_groups(table: Path, drop_last: bool) -> None:
-    cfg = ReaderConfig(table=str(table), batch_size=3, num_workers=2, drop_last=drop_last)
+def test_stream_batches_cover_rows_once_and_span_row_groups(table: Path, drop_last: bool) -> None:
+    cfg = ReaderConfig(table=str(table), batch_size=3, streams=2, drop_last=drop_last)
     plan = build_plan(cfg)
     seen: list[int] = []
     for worker in range(2):
-        batches = list(iter_worker_batches(plan, epoch=0, worker=worker))
-        assert len(batches) == plan.worker_num_batches(0, worker)
+        batches = list(iter_stream_batches(plan, epoch=0, stream=worker))
+        assert len(batches) == plan.stream_num_batches(0, worker)
         sizes = [b.rows.num_rows for b in batches]
         assert all(s == 3 for s in sizes[:-1])
         assert sizes[-1] == 3 or not drop_last
-        expected = [r for u in plan.worker_units(0, worker) for r in _unit_rows(u)]
+        expected = [r for u in plan.stream_units(0, worker) for r in _unit_rows(u)]
         got = [r for b in batches for r in item_ids(b.rows)]
         assert got == expected[: len(got)]
         seen += got
@@ -144,26 +206,30 @@ def _unit_rows(unit) -> list[int]:  # type: ignore[no-untyped-def]
     return [v[0] for v in t.column("item_id").to_pylist()]
 
 
-@pytest.mark.parametrize("shuffle", [Shuffle.NONE, Shuffle.SESSION])
+@pytest.mark.parametrize("shuffle", [Shuffle.NONE, Shuffle.SESSION, Shuffle.ROWS])
 def test_start_batch_skips_to_the_same_rows(table: Path, shuffle: Shuffle) -> None:
-    plan = build_plan(ReaderConfig(table=str(table), batch_size=3, shuffle=shuffle, seed=4))
-    full = [item_ids(b.rows) for b in iter_worker_batches(plan, epoch=1, worker=0)]
+    cfg = ReaderConfig(
+        table=str(table), batch_size=3, shuffle=shuffle, seed=4, streams=1, shuffle_window=7
+    )
+    plan = build_plan(cfg)
+    full = [item_ids(b.rows) for b in iter_stream_batches(plan, epoch=1, stream=0)]
     for k in (1, 3, 4, len(full)):
         tail = [
-            item_ids(b.rows) for b in iter_worker_batches(plan, epoch=1, worker=0, start_batch=k)
+            item_ids(b.rows) for b in iter_stream_batches(plan, epoch=1, stream=0, start_batch=k)
         ]
         assert tail == full[k:]
 
 
 def test_session_shuffle_keeps_sessions_in_one_run(table: Path) -> None:
-    plan = build_plan(ReaderConfig(table=str(table), batch_size=100, shuffle="session", seed=1))
-    rows = [r for b in iter_worker_batches(plan, epoch=0, worker=0) for r in item_ids(b.rows)]
+    cfg = ReaderConfig(table=str(table), batch_size=100, shuffle="session", seed=1, streams=1)
+    plan = build_plan(cfg)
+    rows = [r for b in iter_stream_batches(plan, epoch=0, stream=0) for r in item_ids(b.rows)]
     assert sorted(rows) == list(range(plan.num_rows))
     assert rows != sorted(rows)
     sessions = np.array(rows) // 3
     changes = np.flatnonzero(np.diff(sessions)) + 1
     runs = np.split(sessions, changes)
-    # A session is contiguous inside a row group (it may straddle row groups: two runs then).
+    # A session is contiguous inside its window (it may straddle row groups: two runs then).
     assert len(runs) <= len(set(sessions.tolist())) + len(plan.units)
 
 
@@ -210,11 +276,11 @@ def test_partitions_with_and_without_nullable_fields_read_as_one_table(tmp_path:
     rows = pq.read_table(newer)
     pq.write_table(as_table_schema(rows, strict_schema(rows.schema)), newer)
     assert not pq.read_schema(newer).field("item_id").nullable
-    plan = build_plan(ReaderConfig(table=str(root), batch_size=12))
-    batches = list(iter_worker_batches(plan, epoch=0, worker=0))
+    plan = build_plan(ReaderConfig(table=str(root), batch_size=12, streams=1))
+    batches = list(iter_stream_batches(plan, epoch=0, stream=0))
     assert [b.rows.num_rows for b in batches] == [12]
     assert batches[0].rows.schema.field("item_id").type.equals(pa.list_(pa.int64()))
-    assert item_ids(batches[0].rows) == [r for u in plan.worker_units(0, 0) for r in _unit_rows(u)]
+    assert item_ids(batches[0].rows) == [r for u in plan.stream_units(0, 0) for r in _unit_rows(u)]
 
 
 def _write_single(root: Path, table: pa.Table) -> None:
@@ -225,8 +291,8 @@ def _write_single(root: Path, table: pa.Table) -> None:
 
 
 def _read_all(root: Path, **kw: object) -> None:
-    plan = build_plan(ReaderConfig(table=str(root), **kw))  # type: ignore[arg-type]
-    for _ in iter_worker_batches(plan, epoch=0, worker=0):
+    plan = build_plan(ReaderConfig(table=str(root), streams=1, **kw))  # type: ignore[arg-type]
+    for _ in iter_stream_batches(plan, epoch=0, stream=0):
         pass
 
 
@@ -270,8 +336,8 @@ def test_id_out_of_int64_is_reported(tmp_path: Path) -> None:
         t.schema.get_field_index("item_id"), "item_id", pa.array(ids, pa.list_(pa.uint64()))
     )
     _write_single(tmp_path / "ok", t)
-    plan = build_plan(ReaderConfig(table=str(tmp_path / "ok"), sparse=["item_id"]))
-    batches = list(iter_worker_batches(plan, epoch=0, worker=0))
+    plan = build_plan(ReaderConfig(table=str(tmp_path / "ok"), sparse=["item_id"], streams=1))
+    batches = list(iter_stream_batches(plan, epoch=0, stream=0))
     assert batches[0].rows.schema.field("item_id").type == pa.list_(pa.int64())
     assert batches[-1].rows.column("item_id").to_pylist()[-1] == [3, 2**63 - 1]
 
