@@ -48,6 +48,11 @@ class CheckpointNonFiniteError(CheckpointCorruptError):
     names the file, the region, the tensor and the first bad element."""
 
 
+class CheckpointChecksumError(CheckpointCorruptError):
+    """A checkpoint's bytes do not match the checksum recorded beside it when it was written
+    (``step_NNNNNN.bin.crc32``): names the file, the damaged part and both CRCs."""
+
+
 class RunDirectoryBusyError(CheckpointError):
     """Another live process owns the run directory (holds its ``.lock``)."""
 
@@ -97,3 +102,9 @@ class RecoveryError(RecdError):
     """Failure recovery could not proceed: a worker died and the survivors could not agree on
     a step, the dense state or the checkpoint a replacement needs is missing, or the job did
     not come back within its deadline. Names the run directory, rank and generation."""
+
+
+class StorageError(RecdError):
+    """recd cannot write where it was asked to: a regular file stands where a directory must
+    be, the file system is read-only, permission is denied, or the disk (or quota) is full.
+    Names the path and the reason; what was on disk before is left as it was."""

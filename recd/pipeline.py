@@ -8,14 +8,20 @@ A pipeline config (``recd/pipelines/*.toml``) names a work directory and one tab
     [shard]    num_shards, block_bytes, zstd_level
     [etl]      row_group_rows, zstd_level, memory_budget_mb
     [analyze]  batch_size, threshold, pricing
-    [train]    config (a training TOML), steps, holdout_hours
+    [train]    config (a training TOML), steps, holdout_hours, log1p_dense, demo_resume
 
 Stages write into ``work_dir``: ``raw/`` (arrival order), ``shards/{session,random}/`` (O1),
 ``table/`` (clustered, O2) and ``table_baseline/`` (arrival order, from the random shards, the
 unclustered baseline), ``train/`` (metrics, loss plot, checkpoints and their sidecars),
-``train.toml`` (the training job as run), ``report.json`` (every stage's numbers). The training
-stage runs ``recd train`` as a child process, stops it with SIGTERM once it has written its
-first checkpoint, and finishes the run with ``recd train --resume``.
+``train.toml`` (the training job as run, written from the ``[train] config`` template before
+the analysis prices it), ``report.json`` (every stage's numbers). The training stage runs
+``recd train`` as a child process; with ``[train] demo_resume`` (the ``small`` pipeline, ``make
+run``) it stops it with SIGTERM once it has written its first checkpoint and finishes the run
+with ``recd train --resume``.
+
+The template is checked against the log's catalogue right after the logs stage: a feature it
+names (``[reader]`` labels, dense, sparse, preprocessing) that the log lacks ends the run
+there, naming the template, the key and the name, not after the ETL.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import os
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
 import tomli_w
 
@@ -33,9 +39,11 @@ from recd.analyze.defaults import PRICINGS, Pricing
 from recd.config_types import build_section
 from recd.errors import ConfigError
 from recd.logs.ingest_mapping import IngestMapping
+from recd.reader.config import SPARSE_PREPROCESS_KINDS
 
 if TYPE_CHECKING:
     from recd.analyze.table import TableAnalysis
+    from recd.schema import Catalogue
 
 
 @dataclass(kw_only=True, slots=True)
@@ -157,6 +165,16 @@ class TrainStage:
     multiple of 24): the training config's ``[reader] end`` and ``[eval] start`` become the
     first held-out partition (for tables whose hours are only known once ingested); None:
     the training config's own split."""
+    log1p_dense: bool = False
+    """Add a ``log1p`` step (values below 0 count as 0) for every dense feature the job reads
+    that no dense step of the training config's own ``[reader] preprocessing`` names: the
+    dense features of the log's catalogue, or the config's ``[reader] dense``. For a template
+    that must fit any log (the ``own_data`` pipeline's), whose dense columns are only known
+    once it is ingested; the job as run (``work_dir/train.toml``) holds the step."""
+    demo_resume: bool = False
+    """Show recovery from a checkpoint (the ``small`` pipeline, ``make run``): stop ``recd
+    train`` with SIGTERM once it has written its first checkpoint, then finish the run with
+    ``recd train --resume``; false: one ``recd train`` run, uninterrupted."""
 
     def __post_init__(self) -> None:
         if self.holdout_hours is not None and self.holdout_hours < 1:
@@ -251,7 +269,13 @@ def run_pipeline(config: PipelineConfig, *, show_progress: bool = True) -> dict[
         # the ETL appends to an existing table: another event log must not land on the last one's
         for name in ("table", "table_baseline"):
             shutil.rmtree(work / name, ignore_errors=True)
-        report["ingest"] = ingest_stage(config.ingest, config.config_dir, work, show_progress)
+        report["ingest"] = ingest_stage(
+            config.ingest,
+            config.config_dir,
+            work,
+            show_progress,
+            partition_by=config.etl.partition_by,
+        )
     else:
         catalogue = load_catalogue(config.logs.profile)
         gen = generate_logs(
@@ -268,6 +292,20 @@ def run_pipeline(config: PipelineConfig, *, show_progress: bool = True) -> dict[
             f"[1/5 logs]    {gen.rows:,} rows in {gen.sessions:,} sessions, "
             f"{gen.raw_bytes / 1e6:.1f} MB raw, {gen.seconds:.1f} s"
         )
+
+    if config.train.config:
+        from recd.logs.rawlog import read_catalogue
+
+        template, catalogue = config.config_dir / config.train.config, read_catalogue(work / "raw")
+        check_train_template(template, catalogue)
+        if config.train.log1p_dense:
+            names = log1p_features(template, catalogue)
+            report["log1p_dense"] = names
+            print(
+                f"[pipeline]    [train] log1p_dense: the training job takes log1p of "
+                f"{', '.join(names) or 'no dense feature'} (the log's dense features that "
+                f"no step of {template.name} transforms)"
+            )
 
     shards = compare_sharding(
         work / "raw",
@@ -324,14 +362,11 @@ def run_pipeline(config: PipelineConfig, *, show_progress: bool = True) -> dict[
         print(
             f"[5/5 train]   {train_config.name} on the clustered table with the proposed dedup groups"
         )
-        report["train"] = train_with_sigterm_and_resume(
-            work,
-            train_config,
-            dedup_sparse_features=analysis.dedup_sparse_features,
-            steps=config.train.steps,
-            holdout_hours=config.train.holdout_hours,
-            show_progress=show_progress,
-        )
+        job = write_train_job(config, work, dedup_sparse_features=analysis.dedup_sparse_features)
+        if config.train.demo_resume:
+            report["train"] = train_with_sigterm_and_resume(job, show_progress=show_progress)
+        else:
+            report["train"] = train_once(job, show_progress=show_progress)
 
     report_path = work / "report.json"
     report_path.write_text(json.dumps(report, indent=1, default=str))
@@ -344,17 +379,17 @@ def run_pipeline(config: PipelineConfig, *, show_progress: bool = True) -> dict[
 def analysis_stage(config: PipelineConfig, work: Path) -> tuple[TableAnalysis, dict[str, Any]]:
     """Stage 4: the dedup analysis of ``work/table`` priced for the training job, exactly as
     ``recd analyze work/table --config work/train.toml`` runs it (the printed command): the
-    ``[train] config`` template is that job before the training stage writes ``train.toml``
-    from it (the table, window, held-out range, dedup groups and steps it replaces are
-    replaced or unread by the analysis too); without one, the default training config. Returns the
-    :class:`recd.analyze.TableAnalysis` and its report entry (the analysis, the command, the
-    stage's wall seconds)."""
+    job is written from the ``[train] config`` template first (:func:`write_train_job`, less
+    the dedup groups the analysis proposes, which the training stage adds; the window and
+    held-out range are unread by the analysis); without a template, the default training
+    config. Returns the :class:`recd.analyze.TableAnalysis` and its report entry (the
+    analysis, the command, the stage's wall seconds)."""
     import time
 
     from recd.analyze import analyze_command, analyze_for_job, format_report
 
     stage = config.analyze
-    template = config.config_dir / config.train.config if config.train.config else None
+    template = write_train_job(config, work) if config.train.config else None
     began = time.perf_counter()
     analysis = analyze_for_job(
         work / "table",
@@ -366,7 +401,7 @@ def analysis_stage(config: PipelineConfig, work: Path) -> tuple[TableAnalysis, d
     seconds = time.perf_counter() - began
     command = analyze_command(
         work / "table",
-        config=work / "train.toml" if template is not None else None,
+        config=template,
         pricing=stage.pricing,
         batch_size=stage.batch_size,
         threshold=stage.threshold,
@@ -381,9 +416,15 @@ def analysis_stage(config: PipelineConfig, work: Path) -> tuple[TableAnalysis, d
 
 
 def ingest_stage(
-    stage: IngestStage, config_dir: Path, work: Path, show_progress: bool
+    stage: IngestStage,
+    config_dir: Path,
+    work: Path,
+    show_progress: bool,
+    *,
+    partition_by: str = "hour",
 ) -> dict[str, Any]:
-    """Stage 1 for your own data: ``recd logs ingest`` of ``stage.input`` into ``work/raw``."""
+    """Stage 1 for your own data: ``recd logs ingest`` of ``stage.input`` into ``work/raw``
+    (``partition_by``: the ETL's, so that no day-partition hint is given for a day table)."""
     from recd.logs.ingest import ingest_events
 
     source = config_dir / stage.input
@@ -401,10 +442,11 @@ def ingest_stage(
         delimiter=stage.delimiter,
         memory_budget_bytes=stage.memory_budget_mb * 1024 * 1024,
         show_progress=show_progress,
+        partition_by=partition_by,
     )
     print(
         f"[1/5 ingest]  {done.rows_in:,} events of {source.name} -> {done.rows_out:,} samples "
-        f"in {done.sessions:,} sessions ({done.history_only:,} history-only, "
+        f"in {done.sessions:,} sessions (distinct ids; {done.history_only:,} history-only, "
         f"{done.quarantined:,} quarantined), labels {', '.join(done.labels)}: "
         f"{done.positives:,} positive"
     )
@@ -429,6 +471,101 @@ def print_outputs(work: Path, train: dict[str, Any]) -> None:
 
 
 # ----------------------------------------------------------------------------- training stage
+def check_train_template(template: Path, catalogue: Catalogue) -> None:
+    """ConfigError, in one line naming the template, the key and the name, when the training
+    config ``template`` names a feature the log (``catalogue``) lacks in its ``[reader]``
+    ``labels``, ``dense``, ``sparse`` or a ``preprocessing`` step: checked once the logs are
+    written, not after the sharding and ETL. The names are the user's, so none is dropped;
+    malformed values are left to the training config's own checks."""
+    reader = _template_reader(template)
+    what = {"labels": "label", "dense": "dense feature", "sparse": "sparse feature"}
+    read = {
+        "labels": list(catalogue.labels),
+        "dense": catalogue.dense_names,
+        "sparse": catalogue.sparse_names,
+    }
+    for key, names in list(read.items()):
+        listed = reader.get(key)
+        if _names(listed):
+            for name in listed:
+                if name not in names:
+                    raise ConfigError(
+                        _not_in_log(template, f"[reader] {key}", name, what[key], names)
+                    )
+            read[key] = listed
+    specs = reader.get("preprocessing")
+    for i, spec in enumerate(specs if isinstance(specs, list) else []):
+        if not isinstance(spec, dict) or not _names(spec.get("features")):
+            continue
+        key = "sparse" if spec.get("kind") in SPARSE_PREPROCESS_KINDS else "dense"
+        for name in spec["features"]:
+            if name not in read[key]:
+                where = f"[reader] preprocessing[{i}] ({spec.get('kind')})"
+                raise ConfigError(_not_in_log(template, where, name, what[key], read[key]))
+
+
+def _not_in_log(template: Path, key: str, name: str, what: str, names: list[str]) -> str:
+    return (
+        f"{template}: {key} names {name!r}, which is not a {what} of this log (its "
+        f"{what}s: {', '.join(names) or 'none'}); remove it from the template, or have the "
+        "log write it (an ingested log: [ingest.mapping])"
+    )
+
+
+def log1p_features(template: Path, catalogue: Catalogue) -> list[str]:
+    """``[train] log1p_dense``'s features: the dense features the job of ``template`` reads
+    (its ``[reader] dense``, else every dense feature of ``catalogue``), less those a dense
+    step of its own ``[reader] preprocessing`` names (they are the user's to transform)."""
+    reader = _template_reader(template)
+    dense = reader.get("dense")
+    read = list(dense) if _names(dense) else catalogue.dense_names
+    specs = reader.get("preprocessing")
+    claimed: set[str] = set()
+    for spec in specs if isinstance(specs, list) else []:
+        if isinstance(spec, dict) and spec.get("kind") not in SPARSE_PREPROCESS_KINDS:
+            features = spec.get("features")
+            claimed.update(features if _names(features) else [])
+    return [name for name in read if name not in claimed]
+
+
+def _template_reader(template: Path) -> dict[str, Any]:
+    """The ``[reader]`` table of a training config ({} when it has none)."""
+    try:
+        data = tomllib.loads(template.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{template}: cannot read the training config: {exc}") from exc
+    reader = data.get("reader", {})
+    return reader if isinstance(reader, dict) else {}
+
+
+def _names(value: object) -> TypeGuard[list[str]]:
+    """Whether ``value`` is a list of names."""
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def write_train_job(
+    config: PipelineConfig, work: Path, *, dedup_sparse_features: list[list[str]] | None = None
+) -> Path:
+    """``work/train.toml``, the training job as run: the ``[train] config`` template with this
+    pipeline's table, run directory, steps, held-out hours, ``log1p_dense`` step (from the
+    log's catalogue, ``work/raw``) and, once analysed, dedup groups
+    (:func:`write_stage_train_config`)."""
+    template = config.config_dir / str(config.train.config)
+    log1p = None
+    if config.train.log1p_dense:
+        from recd.logs.rawlog import read_catalogue
+
+        log1p = log1p_features(template, read_catalogue(work / "raw"))
+    return write_stage_train_config(
+        work,
+        template,
+        dedup_sparse_features=dedup_sparse_features,
+        steps=config.train.steps,
+        holdout_hours=config.train.holdout_hours,
+        log1p=log1p,
+    )
+
+
 def write_stage_train_config(
     work_dir: Path,
     config_path: Path,
@@ -436,10 +573,12 @@ def write_stage_train_config(
     dedup_sparse_features: list[list[str]] | None = None,
     steps: int | None = None,
     holdout_hours: int | None = None,
+    log1p: list[str] | None = None,
 ) -> Path:
     """``work_dir/train.toml``: ``config_path`` with this job's table, run directory, dedup
     groups and step count (what ``train_from_pipeline`` overrides in-process); with
-    ``holdout_hours``, the table's last N hours are the ``[eval]`` range and the rest train."""
+    ``holdout_hours``, the table's last N hours are the ``[eval]`` range and the rest train;
+    with ``log1p``, a last ``[reader] preprocessing`` step takes log1p of those features."""
     try:
         data = tomllib.loads(config_path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -447,6 +586,11 @@ def write_stage_train_config(
     data.setdefault("reader", {})["table"] = str(Path(work_dir).resolve() / "table")
     if dedup_sparse_features is not None:
         data["reader"]["dedup_sparse_features"] = [list(g) for g in dedup_sparse_features]
+    header = f"# Written by recd run from {config_path}\n"
+    specs = data["reader"].get("preprocessing", [])
+    if log1p and isinstance(specs, list):  # else the config's own checks name the value
+        data["reader"]["preprocessing"] = [*specs, {"kind": "log1p", "features": list(log1p)}]
+        header += "# [reader] preprocessing: the last step (log1p) is [train] log1p_dense's\n"
     data.setdefault("train", {})["run_dir"] = str(Path(work_dir).resolve() / "train")
     if steps is not None:
         data["train"]["steps"] = steps
@@ -458,7 +602,7 @@ def write_stage_train_config(
         data.setdefault("eval", {})["start"] = split
         data["eval"].pop("end", None)
     path = Path(work_dir) / "train.toml"
-    path.write_text(f"# Written by recd run from {config_path}\n" + tomli_w.dumps(data))
+    path.write_text(header + tomli_w.dumps(data))
     return path
 
 
@@ -486,24 +630,49 @@ def holdout_split(table: Path, hours: int) -> str:
     return format_time_ms(starts[-count])
 
 
-def train_with_sigterm_and_resume(
-    work_dir: Path,
-    config_path: Path,
-    *,
-    dedup_sparse_features: list[list[str]] | None = None,
-    steps: int | None = None,
-    holdout_hours: int | None = None,
-    show_progress: bool = True,
-) -> dict[str, Any]:
-    """The ``make run`` training stage, which also shows recovery from a checkpoint.
+def train_once(job: Path, *, show_progress: bool = True) -> dict[str, Any]:
+    """The training stage: ``recd train --config job`` as a child process, in a fresh run
+    directory, from step 0 to the end. Returns its ``train.json`` result."""
+    import subprocess
+    import sys
 
-    ``recd train`` runs as a child process; once it has written its first periodic
-    checkpoint it gets SIGTERM (it finishes the step in flight, writes a checkpoint, exits
-    0), then ``recd train --resume`` continues from the newest checkpoint to the end. The
-    loss history ``.loss.json`` must then hold exactly one entry per step. Returns the
+    from recd.errors import RecdError
+
+    config = _fresh_run(job)
+    command = [sys.executable, "-m", "recd", "train", "--config", str(job)]
+    code = subprocess.run(command, env=_train_env(show_progress), check=False).returncode
+    if code != 0:
+        raise RecdError(f"recd train --config {job} exited with code {code}")
+    return dict(json.loads((config.train.run_dir / "train.json").read_text())["result"])
+
+
+def _fresh_run(job: Path) -> Any:
+    """The training config of ``job`` (a ``recd.train.config.TrainConfig``), its run and
+    checkpoint directories deleted: a fresh run every time."""
+    import shutil
+
+    from recd.train.config import load_train_config
+
+    config = load_train_config(job)
+    shutil.rmtree(config.train.run_dir, ignore_errors=True)
+    shutil.rmtree(config.checkpoint_dir, ignore_errors=True)
+    return config
+
+
+def _train_env(show_progress: bool) -> dict[str, str]:
+    return {**os.environ, "RECD_PROGRESS": "1" if show_progress else "0"}
+
+
+def train_with_sigterm_and_resume(job: Path, *, show_progress: bool = True) -> dict[str, Any]:
+    """The ``make run`` training stage (``[train] demo_resume``), which also shows recovery
+    from a checkpoint.
+
+    ``recd train --config job`` runs as a child process; once it has written its first
+    periodic checkpoint it gets SIGTERM (it finishes the step in flight, writes a checkpoint,
+    exits 0), then ``recd train --resume`` continues from the newest checkpoint to the end.
+    The loss history ``.loss.json`` must then hold exactly one entry per step. Returns the
     resumed run's ``train.json`` result plus what the demonstration saw.
     """
-    import shutil
     import signal
     import subprocess
     import sys
@@ -511,37 +680,37 @@ def train_with_sigterm_and_resume(
 
     from recd.checkpoint import newest_valid_checkpoint, read_loss_history
     from recd.errors import RecdError
-    from recd.train.config import load_train_config
 
-    job = write_stage_train_config(
-        work_dir,
-        config_path,
-        dedup_sparse_features=dedup_sparse_features,
-        steps=steps,
-        holdout_hours=holdout_hours,
-    )
-    config = load_train_config(job)
+    config = _fresh_run(job)
     run_dir = config.checkpoint_dir
-    shutil.rmtree(config.train.run_dir, ignore_errors=True)  # a fresh run every time
-    shutil.rmtree(run_dir, ignore_errors=True)
     command = [sys.executable, "-m", "recd", "train", "--config", str(job)]
-    env = {**os.environ, "RECD_PROGRESS": "1" if show_progress else "0"}
+    env = _train_env(show_progress)
     first_checkpoint = run_dir / f"step_{config.checkpoint.checkpoint_every:06d}.bin"
     demo: dict[str, Any] = {"signal": "SIGTERM", "after": first_checkpoint.name}
     began = time.perf_counter()
     child = subprocess.Popen(command, env=env)
     while child.poll() is None and not first_checkpoint.exists():
         time.sleep(0.02)
-    if child.poll() is None:
+    interrupted = child.poll() is None  # else it ended before its first checkpoint was seen
+    if interrupted:
         child.send_signal(signal.SIGTERM)
     code = child.wait()
     if code != 0:
         raise RecdError(f"recd train --config {job} exited with code {code}")
     newest = newest_valid_checkpoint(run_dir)
-    demo |= {"exit_code": code, "newest_checkpoint": None if newest is None else newest.name}
+    demo |= {
+        "interrupted": interrupted,
+        "exit_code": code,
+        "newest_checkpoint": None if newest is None else newest.name,
+    }
+    what = (
+        f"SIGTERM once {first_checkpoint.name} was written"
+        if interrupted
+        else f"recd train ended before {first_checkpoint.name} was seen (no SIGTERM)"
+    )
     print(
-        f"[5/5 train]   SIGTERM once {first_checkpoint.name} was written: exit code {code}, "
-        f"newest checkpoint {newest.name if newest else None}; resuming with --resume"
+        f"[5/5 train]   {what}: exit code {code}, newest checkpoint "
+        f"{newest.name if newest else None}; resuming with --resume"
     )
     code = subprocess.run([*command, "--resume"], env=env, check=False).returncode
     if code != 0:

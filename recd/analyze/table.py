@@ -194,6 +194,9 @@ class TableAnalysis:
     sync_threshold: float
     rows: int
     sessions: int
+    """Session-partitions: a session counted once per partition it spans (as a reader sees
+    it), so more than the distinct session ids ``recd logs ingest`` reports when sessions
+    cross partition boundaries."""
     samples_per_session: float
     """S: rows / sessions."""
     clustered: bool
@@ -341,12 +344,15 @@ def _iter_partitions(
     for partition, files in view.partitions:
         parts = []
         for path in files:
-            schema = pq.read_schema(path)
+            schema = _read_schema(path)
             stored = layout_of(schema, source=str(path)).physical_columns(columns)
             missing = [c for c in stored if schema.get_field_index(c) < 0]
             if missing:
                 raise SchemaError(f"{path}: missing column {missing[0]!r}")
-            parts.append(read_plain(str(path), columns))
+            try:
+                parts.append(read_plain(str(path), columns))
+            except (OSError, pa.ArrowInvalid) as exc:
+                raise _unreadable(path, exc) from exc
         if parts:
             yield str(partition), pa.concat_tables(parts).combine_chunks()
 
@@ -361,11 +367,23 @@ def table_sparse_features(table: str | Path) -> list[str]:
 
 def _read_catalogue(table: Path) -> Catalogue | None:
     for path in committed_files(table).files:
-        schema = pq.read_schema(path)
+        schema = _read_schema(path)
         if schema.metadata and CATALOGUE_METADATA_KEY in schema.metadata:
             return catalogue_from_schema(schema, source=str(path))
         return None
     return None
+
+
+def _read_schema(path: Path) -> pa.Schema:
+    try:
+        return pq.read_schema(path)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise _unreadable(path, exc) from exc
+
+
+def _unreadable(path: Path, exc: Exception) -> SchemaError:
+    """A table file that cannot be read (truncated, damaged, missing): names it."""
+    return SchemaError(f"{path}: not a readable Parquet file: {exc}")
 
 
 GroupCounter = Callable[[list[list[str]]], list["DedupCounts"]]
@@ -780,7 +798,8 @@ def format_report(analysis: TableAnalysis) -> str:
     """A readable table plus the proposal in TOML syntax."""
     a = analysis
     lines = [
-        f"table {a.table}: {a.rows} rows, {a.sessions} sessions, S = {a.samples_per_session:.2f}, "
+        f"table {a.table}: {a.rows} rows, {a.sessions} session-partitions (a session counted "
+        f"once per partition it spans), S = {a.samples_per_session:.2f}, "
         f"B = {a.batch_size}, {'clustered' if a.clustered else 'NOT clustered (d measured after sorting)'}",
         "",
         f"{'feature':<24} {'l':>7} {'d':>6} {'DedupeLen':>10} {'factor':>7} {'measured':>8}  dedup",

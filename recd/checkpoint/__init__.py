@@ -4,6 +4,8 @@
   model's parameter-iterator order), the reader, ranged writes for distributed saves;
 - ``atomic``: temp file + fsync + rename + fsync dir, listing, fallback to the newest valid file,
   ``_layout.json``;
+- ``checksum``: ``step_NNNNNN.bin.crc32``, the CRC-32 of each part of a checkpoint, written
+  before it and checked by every reader that loads weights;
 - ``retention``: keep the newest K plus every Mth (by step), with their ``.state.json`` entries;
 - ``sidecars``: ``.loss.json`` (append-only JSON Lines), ``.samples.json``, ``.state.json``,
   pivot archive and fork;
@@ -18,13 +20,26 @@ from recd.checkpoint.atomic import (
     checkpoint_path,
     clean_stray_temp_files,
     commit,
+    copy_checkpoint,
     list_checkpoints,
+    move_checkpoint,
     newest_valid_checkpoint,
     read_layout,
     read_layout_or_none,
+    remove_checkpoint,
     temp_path_for,
     write_checkpoint,
+    write_checksum,
     write_layout,
+)
+from recd.checkpoint.checksum import (
+    CHECKSUM_SUFFIX,
+    Checksum,
+    ChecksumStatus,
+    checksum_of_file,
+    checksum_path,
+    read_checksum,
+    verify_checksum,
 )
 from recd.checkpoint.format import (
     MAX_PARAMS,
@@ -73,6 +88,7 @@ from recd.checkpoint.sidecars import (
     write_state,
 )
 from recd.errors import (
+    CheckpointChecksumError,
     CheckpointCorruptError,
     CheckpointError,
     CheckpointTooLargeError,
@@ -80,6 +96,7 @@ from recd.errors import (
 )
 
 __all__ = [
+    "CHECKSUM_SUFFIX",
     "LAYOUT_FILE",
     "LOSS_FILE",
     "MAX_PARAMS",
@@ -88,11 +105,14 @@ __all__ = [
     "SAMPLES_FILE",
     "STATE_FILE",
     "Checkpoint",
+    "CheckpointChecksumError",
     "CheckpointCorruptError",
     "CheckpointError",
     "CheckpointHeader",
     "CheckpointNonFiniteError",
     "CheckpointTooLargeError",
+    "Checksum",
+    "ChecksumStatus",
     "ForkResult",
     "LossHistory",
     "LossLog",
@@ -111,24 +131,32 @@ __all__ = [
     "checkpoint_filename",
     "checkpoint_path",
     "checkpoint_size_bytes",
+    "checksum_of_file",
+    "checksum_path",
     "clean_stray_temp_files",
     "commit",
+    "copy_checkpoint",
     "drop_state_entries",
     "fork_run",
     "list_checkpoints",
     "lock_run_directory",
+    "move_checkpoint",
     "newest_valid_checkpoint",
     "parse_checkpoint_step",
     "preallocate",
     "read_checkpoint",
+    "read_checksum",
     "read_layout",
     "read_layout_or_none",
     "read_loss_history",
     "read_samples",
     "read_state",
+    "remove_checkpoint",
     "temp_path_for",
     "validate_checkpoint",
+    "verify_checksum",
     "write_checkpoint",
+    "write_checksum",
     "write_layout",
     "write_region_range",
     "write_samples",

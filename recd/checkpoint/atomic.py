@@ -13,8 +13,14 @@ A SIGKILL or power cut before step 3 leaves only a stray temp file (removed at t
 by ``clean_stray_temp_files``) and the previous checkpoint untouched; after step 3 the new file
 is complete. A checkpoint therefore counts only once ``commit`` returned.
 
-On resume ``newest_valid_checkpoint`` validates from the newest file backwards and falls back
-to the previous one with a logged warning naming the skipped file and the reason.
+A checkpoint's checksum sidecar (``step_NNNNNN.bin.crc32``, :mod:`recd.checkpoint.checksum`)
+is committed the same way by ``commit``, *before* the checkpoint's rename, so every checkpoint
+committed here has one; ``remove_checkpoint``, ``move_checkpoint`` and ``copy_checkpoint``
+delete, move and copy a checkpoint together with it.
+
+On resume ``newest_valid_checkpoint`` validates from the newest file backwards (size, header,
+checksum) and falls back to the previous one with a logged warning naming the skipped file
+and the reason.
 """
 
 from __future__ import annotations
@@ -25,12 +31,23 @@ import json
 import logging
 import os
 import re
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from recd.checkpoint.checksum import (
+    Checksum,
+    ChecksumStream,
+    checksum_of_file,
+    checksum_path,
+    crc32_of,
+    is_checksum_name,
+    read_checksum,
+    verify_checksum,
+)
 from recd.checkpoint.format import (
     HEADER_BYTES,
     REGIONS,
@@ -174,20 +191,112 @@ def copy_file_atomic(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -
 # ----------------------------------------------------------------------------- checkpoints
 
 
-def commit(tmp_path: str | os.PathLike[str], final_path: str | os.PathLike[str]) -> Path:
-    """Validate a finished temp checkpoint, then fsync + rename + fsync-dir it into place.
+def write_checksum(checkpoint: str | os.PathLike[str], checksum: Checksum) -> Path:
+    """Write ``checkpoint``'s sidecar ``step_NNNNNN.bin.crc32`` atomically and durably."""
+    final = Path(checkpoint)
+    return write_json_atomic(checksum_path(final), checksum.to_dict(final.name))
+
+
+def commit(
+    tmp_path: str | os.PathLike[str],
+    final_path: str | os.PathLike[str],
+    *,
+    checksum: Checksum | None = None,
+) -> Path:
+    """Validate a finished temp checkpoint, commit its checksum sidecar, then fsync + rename +
+    fsync-dir the checkpoint into place.
 
     The temp file must pass ``validate_checkpoint`` (exact size for its header) and its header
     step must match the final ``step_NNNNNN.bin`` name; otherwise ``CheckpointCorruptError``
-    and nothing is renamed. An existing file of the same name is replaced atomically.
+    and nothing is renamed. ``checksum``: the CRCs of the bytes the writer wrote (computed as
+    it handled them); None reads the temp file back to compute them (a distributed save,
+    whose ranks each wrote a part). The sidecar ``final_path + ".crc32"`` is durable before
+    the checkpoint's rename, so a committed checkpoint always has its checksum. An existing
+    file of the same name (and its sidecar) is replaced atomically.
     """
     header = validate_checkpoint(tmp_path)
-    named_step = parse_checkpoint_step(Path(final_path).name)
+    final = Path(final_path)
+    named_step = parse_checkpoint_step(final.name)
     if named_step is not None and named_step != header.step:
         raise CheckpointCorruptError(
             f"{tmp_path}: header step {header.step} cannot be committed as {final_path}"
         )
-    return replace_durably(tmp_path, final_path)
+    if checksum is None:
+        checksum = checksum_of_file(tmp_path, header)
+    elif (checksum.step, checksum.n_params) != (header.step, header.n_params):
+        raise CheckpointCorruptError(
+            f"{tmp_path}: the checksum given is of step {checksum.step} with "
+            f"{checksum.n_params:,} parameters, the file holds step {header.step} with "
+            f"{header.n_params:,}"
+        )
+    write_checksum(final, checksum)
+    return replace_durably(tmp_path, final)
+
+
+def remove_checkpoint(path: str | os.PathLike[str]) -> bool:
+    """Delete a checkpoint, then its checksum sidecar; False when the checkpoint was already
+    gone. (In that order: a crash in between leaves a sidecar without a checkpoint, which
+    ``clean_stray_temp_files`` removes, never a checkpoint stripped of its checksum.)"""
+    path = Path(path)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    checksum_path(path).unlink(missing_ok=True)
+    return True
+
+
+def move_checkpoint(path: str | os.PathLike[str], directory: str | os.PathLike[str]) -> Path:
+    """Move a checkpoint, then its checksum sidecar (when it has one), into ``directory`` (same
+    filesystem: renames); returns the new path. The caller fsyncs both directories."""
+    source, target_dir = Path(path), Path(directory)
+    target = target_dir / source.name
+    os.replace(source, target)
+    side = checksum_path(source)
+    if side.exists():
+        os.replace(side, checksum_path(target))
+    return target
+
+
+def copy_checkpoint(
+    source: str | os.PathLike[str],
+    target: str | os.PathLike[str],
+    *,
+    layout: ParamLayout | None = None,
+) -> tuple[Checksum, str]:
+    """Copy a checkpoint with its checksum, verifying the source as it is read; returns the
+    checksum and the sha256 of the bytes copied.
+
+    One pass over the source computes both (``CheckpointChecksumError`` when the source fails
+    its sidecar: nothing is left at ``target``); a source without a sidecar is copied as it is
+    and its copy gets the checksum of the bytes read. The copy is committed like any
+    checkpoint (``commit``: sidecar first, then the file), then read back and verified.
+    """
+    source, final = Path(source), Path(target)
+    header = validate_checkpoint(source, layout)
+    expected = read_checksum(source)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path_for(final)
+    stream = ChecksumStream(header.n_params)
+    digest = hashlib.sha256()
+    try:
+        with open(source, "rb") as fin, open(tmp, "wb") as fout:
+            while chunk := fin.read(16 << 20):
+                stream.update(chunk)
+                digest.update(chunk)
+                fout.write(chunk)
+        checksum = stream.result()
+        if expected is not None:
+            verify_checksum(source, computed=checksum)
+        commit(tmp, final, checksum=checksum)
+    except ValueError as exc:  # the source changed size while it was read
+        tmp.unlink(missing_ok=True)
+        raise CheckpointCorruptError(f"{source}: changed while it was copied: {exc}") from exc
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    verify_checksum(final)  # the copy as it landed on disk
+    return checksum, digest.hexdigest()
 
 
 def _iter_source(source: RegionSource, region: str) -> Iterable[np.ndarray]:
@@ -217,8 +326,9 @@ def write_checkpoint(
     layout's order, or iterables of arrays (one per tensor) written back to back. When a layout
     is given every region must hold exactly ``layout.n_params`` elements. The bytes go to a
     temp file beside ``path`` (sequential buffer writes, no copy of contiguous float32 data),
-    which is then committed (fsync, rename, fsync dir). On any error the temp file is removed
-    and an older file at ``path`` is left as it was.
+    which is then committed (fsync, rename, fsync dir) with its checksum sidecar, the CRC of
+    each region computed as it is written. On any error the temp file is removed and an older
+    file at ``path`` is left as it was.
     """
     final = Path(path)
     sizes = {n for s in (weights, adam_m, adam_v) if (n := _known_size(s)) is not None}
@@ -233,27 +343,36 @@ def write_checkpoint(
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.write(fd, bytes(HEADER_BYTES))  # patched below once the sizes are counted
-            counts = []
+            counts, crcs = [], []
             for region, source in zip(REGIONS, (weights, adam_m, adam_v), strict=True):
-                counts.append(
-                    sum(write_all(fd, part) for part in _iter_source(source, region)) // 4
-                )
+                written, crc = 0, 0
+                for part in _iter_source(source, region):
+                    crc = crc32_of(part, crc)  # the checksum of the bytes as they are written
+                    written += write_all(fd, part)
+                counts.append(written // 4)
+                crcs.append(crc)
             if len(set(counts)) != 1 or (n_known is not None and counts[0] != n_known):
                 raise ValueError(
                     f"{final}: region sizes (weights, adam_m, adam_v) = {counts}, expected "
                     f"{n_known if n_known is not None else 'equal sizes'}"
                 )
-            os.pwrite(fd, pack_header(step, counts[0]), 0)
+            header = pack_header(step, counts[0])
+            os.pwrite(fd, header, 0)
         finally:
             os.close(fd)
-        return commit(tmp, final)
+        checksum = Checksum(
+            step=step, n_params=counts[0], crc32=(zlib.crc32(header), crcs[0], crcs[1], crcs[2])
+        )
+        return commit(tmp, final, checksum=checksum)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 
 
 def clean_stray_temp_files(run_dir: str | os.PathLike[str]) -> list[Path]:
-    """Delete temp files left by killed writers (``.*.tmp-*``); returns what was removed.
+    """Delete temp files left by killed writers (``.*.tmp-*``) and checksum sidecars whose
+    checkpoint is not there (a writer killed between committing the two); returns what was
+    removed.
 
     Call it once at start, before any writer of this run directory runs: it cannot tell a
     stray temp file from one a live writer is filling.
@@ -263,10 +382,11 @@ def clean_stray_temp_files(run_dir: str | os.PathLike[str]) -> list[Path]:
     if not directory.is_dir():
         return removed
     for entry in directory.iterdir():
-        if is_temp_name(entry.name) and entry.is_file():
+        orphan = is_checksum_name(entry.name) and not entry.with_suffix("").exists()
+        if (is_temp_name(entry.name) or orphan) and entry.is_file():
             entry.unlink(missing_ok=True)
             removed.append(entry)
-            log.info("removed stray temp file %s", entry)
+            log.info("removed stray %s %s", "checksum" if orphan else "temp file", entry)
     return sorted(removed)
 
 
@@ -284,12 +404,16 @@ def newest_valid_checkpoint(
     layout: ParamLayout | None = None,
     *,
     check: Callable[[Path], object] | None = None,
+    verify: bool = True,
 ) -> Path | None:
     """The newest checkpoint that validates (against ``layout`` when given), or None if none.
 
     Walks from the newest file backwards; each invalid file is skipped with one warning line
-    naming it and the reason, and the previous one is tried. ``check(path)`` runs on a file
-    that passed the size/header checks and rejects it too by raising
+    naming it and the reason, and the previous one is tried. Valid means: the size and
+    header checks pass, and (``verify``) the bytes match the checksum sidecar when there is
+    one (``recd.checkpoint.checksum``; this reads the file; a caller that reads it anyway
+    passes ``verify=False`` and checks the bytes it read in ``check``, as a resume does).
+    ``check(path)`` runs on a file that passed those checks and rejects it too by raising
     ``CheckpointCorruptError`` (a resume passes one that loads the file and refuses
     non-finite values: ``recd.checkpoint.format.check_finite``). None means the directory
     holds no checkpoint at all (a fresh run). When checkpoints exist but *none* is valid this
@@ -302,6 +426,8 @@ def newest_valid_checkpoint(
     for path in reversed(candidates):
         try:
             validate_checkpoint(path, layout)
+            if verify:
+                verify_checksum(path)  # reads the file only when it has a sidecar
             if check is not None:
                 check(path)
         except CheckpointCorruptError as exc:

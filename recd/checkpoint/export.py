@@ -13,6 +13,7 @@ model built from the same config. With ``with_optimizer`` the Adam moments come 
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from recd.checkpoint.atomic import replacing
+from recd.checkpoint.checksum import verify_checksum
 from recd.checkpoint.format import ParamLayout, read_checkpoint
 from recd.errors import ConfigError
 
@@ -55,13 +57,18 @@ def export_checkpoint(
     with_optimizer: bool = False,
     overwrite: bool = False,
 ) -> ExportReport:
-    """Write ``path``'s tensors (named by ``layout``) to ``out`` in ``fmt``, atomically."""
+    """Write ``path``'s tensors (named by ``layout``) to ``out`` in ``fmt``, atomically.
+
+    The checkpoint's bytes are checked against its checksum first (``CheckpointChecksumError``
+    when they differ; a checkpoint without one, from an older recd, is exported unverified).
+    """
     if fmt not in EXPORT_FORMATS:
         raise ConfigError(f"export format {fmt!r}: expected one of {', '.join(EXPORT_FORMATS)}")
     out = Path(out)
     if out.exists() and not overwrite:
         raise ConfigError(f"{out}: already exists; pass --overwrite to replace it")
     ckpt = read_checkpoint(path, layout)  # checks n_params against the layout
+    verify_checksum(path)
     weights = _named(ckpt.weights, layout)
     moments = (
         {"adam_m": _named(ckpt.adam_m, layout), "adam_v": _named(ckpt.adam_v, layout)}
@@ -76,7 +83,13 @@ def export_checkpoint(
             flat = dict(weights)
             for region, named in moments.items():
                 flat.update({f"{region}.{name}": t for name, t in named.items()})
+            # safetensors creates its file with mode 0600; give it the mode any new file gets
+            # (0666 less the umask, as torch.save's .pt has): create the temp file first
+            tmp.unlink(missing_ok=True)
+            tmp.touch()
+            mode = stat.S_IMODE(tmp.stat().st_mode)
             save_file(flat, str(tmp), metadata={"step": str(ckpt.step), "source": "recd"})
+            os.chmod(tmp, mode)
         elif with_optimizer:
             torch.save({"model": weights, **moments, "step": ckpt.step}, tmp)
         else:

@@ -32,6 +32,18 @@ The reader (``read_checkpoint``) checks the size equation first, so a truncated,
 foreign file is rejected with ``CheckpointCorruptError`` before any array is mapped; arrays are
 ``np.memmap`` views (zero copy, read-only).
 
+Checksum: a sidecar, not a trailer
+----------------------------------
+The file holds no checksum: any byte after ``adam_v`` would break the size equation above,
+which every recd reader, older ones included, enforces. The CRC-32 of each part (header,
+weights, adam_m, adam_v) is written beside the file instead, as ``step_NNNNNN.bin.crc32``
+(:mod:`recd.checkpoint.checksum`: format, why CRC-32, who computes and who checks it). It is
+committed before the checkpoint and travels with it (retention, pivot, fork); a file without
+one (written before recd stored checksums) still loads, unverified. ``read_checkpoint`` maps
+the file without reading it, so it does not check the checksum: the readers that load
+weights do (``newest_valid_checkpoint``, resume, predict, export, ``recd ckpt verify``, fork,
+pivot).
+
 Finite values
 -------------
 The format can hold NaN and infinity (a diverged run's state). ``check_finite`` (one

@@ -40,6 +40,7 @@ from pathlib import Path
 from types import TracebackType
 
 from recd.errors import RunDirectoryBusyError
+from recd.writable import check_writable_dir, storage_error
 
 __all__ = [
     "OWNER_ENV",
@@ -107,8 +108,15 @@ class RunDirectoryLock:
         self._count = 0
 
     def _acquire(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        # A file in the way, a read-only file system, no permission: one line naming the run
+        # directory (StorageError), nothing written.
+        hint = "choose another run directory (--run-dir)"
+        check_writable_dir(self.directory, hint=hint)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise storage_error(self.directory, exc, hint=hint) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -11,7 +11,9 @@ Safety rules, whatever the policy says:
 - the newest *valid* checkpoint is never deleted (if the newest K files are all corrupt, the
   last good one survives);
 - only final ``step_NNNNNN.bin`` names are considered: temp files and sidecars are never
-  touched;
+  touched, except a deleted checkpoint's checksum (``step_NNNNNN.bin.crc32``), which goes
+  with it (``recd.checkpoint.atomic.remove_checkpoint``: the checkpoint first, then its
+  sidecar);
 - files that appear while retention runs (a commit racing it) are not in its listing and are
   kept.
 
@@ -33,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from recd.checkpoint.atomic import list_checkpoints
+from recd.checkpoint.atomic import list_checkpoints, remove_checkpoint
 from recd.checkpoint.format import ParamLayout, parse_checkpoint_step, validate_checkpoint
 from recd.checkpoint.sidecars import drop_state_entries
 from recd.errors import CheckpointCorruptError, SidecarError
@@ -109,17 +111,18 @@ def apply_retention(
     """Delete the checkpoints of ``run_dir`` the policy does not keep, and their
     ``.state.json`` entries; returns the deleted paths.
 
-    The newest checkpoint that validates (against ``layout`` when given) is always kept. Run
-    it from the run directory's one writer (the ``.state.json`` update is read-modify-write).
+    The newest checkpoint that validates (against ``layout`` when given) is always kept;
+    "validates" means size and header here, not the checksum: reading files back after every
+    write would double the writer's I/O, and the newest file is the one just written from
+    memory. Run it from the run directory's one writer (the ``.state.json`` update is
+    read-modify-write).
     """
     paths = list_checkpoints(run_dir)
     newest_valid = _newest_valid(paths, layout)
     protect = frozenset({newest_valid}) if newest_valid is not None else frozenset()
     deleted = []
     for path in select_deletions(paths, policy, protect=protect):
-        try:
-            path.unlink()
-        except FileNotFoundError:
+        if not remove_checkpoint(path):  # with its checksum sidecar
             continue
         deleted.append(path)
         log.debug("retention: deleted %s", path)

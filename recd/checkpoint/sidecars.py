@@ -3,6 +3,7 @@
 ::
 
     RUN_DIR/step_NNNNNN.bin     checkpoints (recd.checkpoint.format)
+    RUN_DIR/step_NNNNNN.bin.crc32   each one's checksum (recd.checkpoint.checksum)
     RUN_DIR/_layout.json        parameter order of the checkpoints
     RUN_DIR/.loss.json          loss history: JSON Lines, append-only, never archived
     RUN_DIR/.samples.json       recent sample audits: one JSON document, archived at a pivot
@@ -19,8 +20,11 @@ history). Two kinds of record::
     {"step": 101, "loss": 0.6931471824645996, ...}      one per training step (extra keys allowed)
     {"event": "branch", "at_step": 112700, ...}         metadata (pivot, fork); no "step" key
 
-Non-finite losses are stored as the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` so every
-line is strict JSON.
+A non-finite loss is stored as ``null``, as in every JSON file recd writes, with its kind
+beside it so that a replay is still compared bitwise:
+``{"step": 7, "loss": null, "nonfinite": "NaN"}`` (or ``"Infinity"``, ``"-Infinity"``); every
+line is strict JSON. (Files of older recd versions hold the kind as the loss, ``"loss":
+"NaN"``: still read.)
 
 Guarantees:
 - *Append-only.* Records are only ever appended. The one modification ever made to existing
@@ -73,10 +77,10 @@ import numpy as np
 
 from recd.checkpoint.atomic import (
     LAYOUT_FILE,
+    copy_checkpoint,
     copy_file_atomic,
     fsync_directory,
     read_layout_or_none,
-    sha256_file,
     write_json_atomic,
 )
 from recd.checkpoint.format import checkpoint_filename, validate_checkpoint
@@ -92,20 +96,35 @@ ARCHIVE_DIR = "archive"
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
-def _encode_loss(loss: float) -> float | str:
+def _encode_loss(loss: float) -> dict[str, Any]:
+    """The fields of a step record for ``loss``: ``{"loss": x}``, or ``{"loss": None,
+    "nonfinite": kind}`` for NaN / infinity (``null`` in the file)."""
     if math.isnan(loss):
-        return "NaN"
+        return {"loss": None, "nonfinite": "NaN"}
     if math.isinf(loss):
-        return "Infinity" if loss > 0 else "-Infinity"
-    return loss
+        return {"loss": None, "nonfinite": "Infinity" if loss > 0 else "-Infinity"}
+    return {"loss": loss}
 
 
-def _decode_loss(value: Any, where: str) -> float:
+def _decode_loss(record: dict[str, Any], where: str) -> float:
+    """The loss of a step record (its ``nonfinite`` field consumed): a number, ``null`` with
+    the kind in ``nonfinite`` (no kind: NaN), or an older file's ``"NaN"`` / ``"Infinity"`` /
+    ``"-Infinity"``."""
+    if "loss" not in record:
+        raise SidecarError(f"{where}: field 'loss': missing")
+    value = record["loss"]
+    kind = record.pop("nonfinite", "NaN")
+    if value is None and kind in _NONFINITE:
+        return _NONFINITE[kind]
+    if value is None:
+        raise SidecarError(
+            f"{where}: field 'nonfinite': expected one of {', '.join(_NONFINITE)}, got {kind!r}"
+        )
     if isinstance(value, str) and value in _NONFINITE:
         return _NONFINITE[value]
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
-    raise SidecarError(f"{where}: field 'loss': expected a number, got {value!r}")
+    raise SidecarError(f"{where}: field 'loss': expected a number or null, got {value!r}")
 
 
 def same_bits(a: float, b: float) -> bool:
@@ -181,7 +200,7 @@ def _parse_loss_bytes(path: Path, data: bytes) -> tuple[LossHistory, int]:
         step = record.get("step")
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise SidecarError(f"{where}: field 'step': expected an int >= 0, got {step!r}")
-        record["loss"] = _decode_loss(record.get("loss"), where)
+        record["loss"] = _decode_loss(record, where)
         if step in canonical:
             duplicates.append(step)
             continue
@@ -291,6 +310,8 @@ class LossLog:
         """
         if "event" in extra:
             raise ValueError("an extra field must not be named 'event' (it marks metadata records)")
+        if "nonfinite" in extra:
+            raise ValueError("an extra field must not be named 'nonfinite' (a null loss's kind)")
         value = float(loss)
         with self._lock:
             if step in self._losses:
@@ -312,7 +333,7 @@ class LossLog:
                     self.last_step,
                 )
             if extra or not math.isfinite(value):
-                self._write_record({"step": int(step), "loss": _encode_loss(value), **extra})
+                self._write_record({"step": int(step), **_encode_loss(value), **extra})
             else:  # the common record, formatted as json.dumps would (float repr)
                 self._write_line(f'{{"step":{int(step)},"loss":{value!r}}}\n'.encode())
             self._losses[step] = value
@@ -491,12 +512,17 @@ def fork_run(checkpoint: str | os.PathLike[str], new_run_dir: str | os.PathLike[
     """Start a new run directory from one checkpoint, for an audit comparison of two branches.
 
     The new directory gets, atomically (built as a temp folder, then renamed into place):
-    the checkpoint (same name, bytes verified by sha256), ``_layout.json`` when one sits beside
+    the checkpoint (same name) with its checksum sidecar, ``_layout.json`` when one sits beside
     the source, a fresh ``.state.json`` stating the origin (``{"fork_origin": {...}}``: no
     policy state is carried over) and a ``.loss.json`` whose only record is the origin event.
     No loss entries are copied: the fork's history starts at step+1, and its first record
     points to the source run, whose ``.loss.json`` holds the steps up to the fork.
     ``new_run_dir`` must not exist or be empty.
+
+    The source is checked against its checksum as it is copied (``CheckpointChecksumError``,
+    nothing created, when it fails), and the copy against the same checksum once written; a
+    source without a checksum (an older recd's) gets one computed from the bytes copied. The
+    sha256 of those bytes is recorded as the origin's identity.
     """
     source = Path(checkpoint).resolve()
     layout = read_layout_or_none(source.parent)
@@ -509,10 +535,7 @@ def fork_run(checkpoint: str | os.PathLike[str], new_run_dir: str | os.PathLike[
     staging.mkdir()
     try:
         name = checkpoint_filename(header.step)
-        digest = copy_file_atomic(source, staging / name)
-        if sha256_file(staging / name) != digest:
-            raise CheckpointError(f"{staging / name}: copy of {source} differs from the source")
-        validate_checkpoint(staging / name, layout)
+        _, digest = copy_checkpoint(source, staging / name, layout=layout)
         if layout is not None:
             copy_file_atomic(source.parent / LAYOUT_FILE, staging / LAYOUT_FILE)
         origin = {

@@ -2,7 +2,9 @@
 
 Each stage lives in its own module under ``recd.cli`` that defines ``register(subparsers)``.
 Errors a user can fix (``RecdError``) print one clear line and exit 2; nothing else calls
-``sys.exit``.
+``sys.exit``. So does a full disk or quota and a read-only file system met anywhere (an
+``OSError`` no command turned into a ``StorageError`` naming its path): the machine's doing,
+never a bug to show a traceback for.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 
 from recd import __version__
 from recd.errors import RecdError
+from recd.writable import ENVIRONMENT_ERRNOS, os_error_reason, storage_error
 
 # Modules under recd.cli, each adding its subcommand(s); listed in pipeline order (init: a
 # shipped pipeline to edit, first).
@@ -124,6 +127,20 @@ def _run(argv: list[str] | None) -> int:
     except RecdError as exc:
         print(f"recd {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        if exc.errno not in ENVIRONMENT_ERRNOS:
+            raise
+        print(f"recd {args.command}: error: {_environment_error(exc)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"recd {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _environment_error(exc: OSError) -> str:
+    """One line for a full disk or a read-only file system: the path when the error names
+    one (pyarrow's writers name none)."""
+    if exc.filename is not None:
+        return str(storage_error(exc.filename, exc))
+    detail = " ".join(str(exc).split())  # one line
+    return f"cannot write: {os_error_reason(exc)} ({detail})"

@@ -14,9 +14,12 @@ The layout (parameter names and shapes, in the checkpoint's order) comes from
 ``--layout-from`` or else from ``_layout.json`` beside the (first) file; without one, only
 whole-region statistics are shown. Statistics (min, max, mean, std, abs-max) are over the
 finite values; NaN and Inf are counted separately. ``verify`` runs the checks a resume runs:
-size and header (against the layout), then every value finite (the first NaN / infinity is
-named by region, tensor and index). Large files are streamed in chunks from the
-memory map, so memory stays bounded.
+size and header (against the layout), then the bytes against the checksum recorded beside
+the file (``step_NNNNNN.bin.crc32``: a mismatch names the damaged region; a checkpoint
+written before recd stored checksums has none and is reported ``checksum absent``, not
+failed), then every value finite (the first NaN / infinity is named by region, tensor and
+index). ``inspect`` shows the checksum's state too, without refusing a damaged file. Large
+files are streamed in chunks from the memory map, so memory stays bounded.
 """
 
 from __future__ import annotations
@@ -35,16 +38,18 @@ from recd.checkpoint.atomic import (
     read_layout,
     read_layout_or_none,
 )
+from recd.checkpoint.checksum import verify_checksum
 from recd.checkpoint.format import (
     REGIONS,
     Checkpoint,
     ParamLayout,
     check_checkpoint_finite,
     read_checkpoint,
+    validate_checkpoint,
 )
 from recd.checkpoint.sidecars import fork_run
 from recd.cli.output import add_json_option, emit
-from recd.errors import CheckpointCorruptError, CheckpointError
+from recd.errors import CheckpointChecksumError, CheckpointCorruptError, CheckpointError
 
 CHUNK_ELEMS = 1 << 22  # 4M float32 = 16 MiB per chunk
 
@@ -213,11 +218,17 @@ def inspect_checkpoint(path: str, layout_from: str | None = None) -> dict[str, A
         tensors = []
         for r in REGIONS:
             regions[r] = summarize(ckpt.region(r))
+    checksum: str
+    try:
+        checksum = verify_checksum(file)
+    except CheckpointChecksumError as exc:
+        checksum = f"MISMATCH: {exc}"
     return {
         "path": str(file),
         "step": ckpt.step,
         "n_params": ckpt.n_params,
         "size_bytes": ckpt.size_bytes,
+        "checksum": checksum,
         "layout": layout_source,
         "regions": {r: s.to_dict() for r, s in regions.items()},
         "tensors": tensors,
@@ -232,6 +243,7 @@ def _print_inspect(report: dict[str, Any]) -> None:
     print(f"step      {report['step']:,}")
     print(f"n_params  {report['n_params']:,}")
     print(f"size      {report['size_bytes']:,} bytes (8 + 12 * n_params)")
+    print(f"checksum  {report['checksum']}")
     print(f"layout    {report['layout'] or '- (no _layout.json; pass --layout-from)'}")
     print()
     rows = [[r] + [s[c] for c in _STAT_COLUMNS] for r, s in report["regions"].items()]
@@ -264,8 +276,11 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 
 def verify_checkpoints(paths: list[str], layout_from: str | None = None) -> list[dict[str, Any]]:
-    """What ``recd ckpt verify`` prints: one ``{"path", "ok", "step", "error"}`` per file, a run
-    directory standing for all its checkpoints (newest first, the order a resume tries them).
+    """What ``recd ckpt verify`` prints: one ``{"path", "ok", "step", "checksum", "error"}`` per
+    file, a run directory standing for all its checkpoints (newest first, the order a resume
+    tries them). ``checksum``: ``"ok"``, ``"absent"`` (no sidecar: written before recd stored
+    checksums; not a failure), ``"mismatch"``, or None when the size/header checks failed
+    first.
     """
     files: list[Path] = []
     for name in paths:
@@ -280,12 +295,19 @@ def verify_checkpoints(paths: list[str], layout_from: str | None = None) -> list
     reports = []
     for file in files:
         layout, _ = _layout_for(file, layout_from)
+        report: dict[str, Any] = {"path": str(file), "ok": False, "step": None, "checksum": None}
         try:
-            header = check_checkpoint_finite(file, layout)
+            report["step"] = validate_checkpoint(file, layout).step
+            try:
+                report["checksum"] = verify_checksum(file)
+            except CheckpointChecksumError:
+                report["checksum"] = "mismatch"
+                raise
+            check_checkpoint_finite(file, layout)
         except CheckpointCorruptError as exc:
-            reports.append({"path": str(file), "ok": False, "step": None, "error": str(exc)})
+            reports.append({**report, "error": str(exc)})
         else:
-            reports.append({"path": str(file), "ok": True, "step": header.step, "error": None})
+            reports.append({**report, "ok": True, "error": None})
     return reports
 
 
@@ -294,7 +316,10 @@ def run_verify(args: argparse.Namespace) -> int:
 
     def show() -> None:
         for r in reports:
-            print(f"ok    {r['path']} (step {r['step']:,})" if r["ok"] else f"FAIL  {r['error']}")
+            if r["ok"]:
+                print(f"ok    {r['path']} (step {r['step']:,}, checksum {r['checksum']})")
+            else:
+                print(f"FAIL  {r['error']}")
 
     emit(args, reports, show)
     return 0 if all(r["ok"] for r in reports) else 1
@@ -424,8 +449,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     verify = verbs.add_parser(
         "verify",
-        help="check checkpoints as a resume does: size, header, layout, finite values "
-        "(exit 0 all valid, 1 otherwise)",
+        help="check checkpoints as a resume does: size, header, layout, checksum, finite "
+        "values (exit 0 all valid, 1 otherwise)",
     )
     verify.add_argument(
         "paths", nargs="+", metavar="PATH", help="step_NNNNNN.bin files or run directories"

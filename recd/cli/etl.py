@@ -39,7 +39,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--start", metavar="ISO", help="window start, inclusive (UTC, on an hour)")
     parser.add_argument("--end", metavar="ISO", help="window end, exclusive (UTC, on an hour)")
-    parser.add_argument("--baseline", action="store_true", help="write rows in arrival order")
+    parser.add_argument(
+        "--baseline",
+        action="store_true",
+        help="write rows in arrival order (refused into an Iceberg table that records the "
+        "clustered order; see docs/tables.md)",
+    )
     parser.add_argument(
         "--layout",
         choices=LAYOUTS,

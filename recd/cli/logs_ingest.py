@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from recd.cli.output import add_json_option, emit
-from recd.errors import ConfigError
+from recd.errors import ConfigError, StorageError
 from recd.logs.ingest import (
     BAD_ROW_POLICIES,
     DEFAULT_MEMORY_BUDGET_BYTES,
@@ -24,6 +24,7 @@ from recd.logs.ingest import (
     memory_bound_bytes,
     shorten,
 )
+from recd.writable import check_can_replace
 
 VOCAB_SHOWN = 20  # event types listed in the summary; _ingest.json has them all
 
@@ -74,8 +75,12 @@ but are no samples. A dense feature `position` holds each candidate's place in i
 Declared history columns (mapping histories = {{group = [columns]}}) are catalogued as
 histories of that group, pooled by the rm1 model's transformers.
 
-Timestamps: epoch ms, epoch s or ISO 8601 (no zone = UTC); --ts-unit auto picks per file.
-Session ids: integers, or strings hashed to a stable 63-bit id (same on every run).
+Timestamps: epoch ms, epoch s or ISO 8601 (no zone = UTC); --ts-unit auto picks per file
+(numbers: the unit most of them have; a file mixing seconds and milliseconds is refused).
+Dates must fall in the years 1-9999; --ts-unit ms on epoch seconds (every date before 1990 as
+ms, from 1990 on as s) is refused; a log dated before 1990 otherwise gets a warning.
+Session ids: integers (any int64, negative too), or strings hashed to a stable 63-bit id
+(same on every run). The summary's sessions are distinct session ids with a sample.
 Item ids: integers >= 0.
 
 Bad lines (wrong field count, an unmatched quote, invalid JSON, a missing or unparsable value,
@@ -124,12 +129,20 @@ def register(verbs: argparse._SubParsersAction) -> None:
     columns.add_argument("--ts-col", help="timestamp column (ts)")
     columns.add_argument("--item-col", help="item id column (item_id)")
     columns.add_argument("--event-col", help="event type column (event_type)")
-    columns.add_argument("--ts-unit", choices=TS_UNITS, help="timestamp format (auto)")
+    columns.add_argument(
+        "--ts-unit",
+        choices=TS_UNITS,
+        help="timestamp format (auto: ISO or numbers, read per log in the unit most of its "
+        "numbers have, ms for magnitudes >= 1e11, else s; a log mixing the two is refused, "
+        "naming its first line of the other unit). A number whose date falls outside the years "
+        "1-9999 is a bad line; ms on a log that would all fall before 1990 but from 1990 on "
+        "read as s is refused (use s); any other log dated before 1990 gets a warning",
+    )
     columns.add_argument(
         "--session-ids",
         choices=SESSION_ID_MODES,
-        help="int: ids must be integers; hash: hash every id as a string; auto (default): int "
-        "if all are",
+        help="int: ids must be integers (any int64, negative ones too); hash: hash every id as "
+        "a string; auto (default): int if all are",
     )
     columns.add_argument(
         "--history", type=int, help="N: events kept in the history features (20; 0: none)"
@@ -187,7 +200,11 @@ def register(verbs: argparse._SubParsersAction) -> None:
         default=None,
         help="JSON with event type ids to reuse (an earlier OUT/_ingest.json or a name->id map)",
     )
-    parser.add_argument("--delimiter", default=",", help="CSV field delimiter (default ',')")
+    parser.add_argument(
+        "--delimiter",
+        default=",",
+        help="CSV field delimiter: one character, or '\\t' or tab for a tab (default ',')",
+    )
     parser.add_argument(
         "--max-line-bytes",
         type=int,
@@ -247,6 +264,7 @@ def mapping_from_args(args: argparse.Namespace) -> IngestMapping:
 
 
 def run(args: argparse.Namespace) -> int:
+    _check_out(args.out)
     report = ingest_events(
         args.events,
         args.out,
@@ -261,6 +279,14 @@ def run(args: argparse.Namespace) -> int:
     )
     emit(args, report.to_dict(), lambda: print(format_report(report)))
     return 0
+
+
+def _check_out(out: Path) -> None:
+    """StorageError (one line naming OUT) unless the raw log can be written: OUT is built
+    beside itself and renamed into place, so its directory must take new entries."""
+    if out.exists() and not out.is_dir():
+        raise StorageError(f"{out}: cannot write here: a file is in the way (not a directory)")
+    check_can_replace(out, hint="write the raw log elsewhere (--out)")
 
 
 def _read_vocabulary(path: Path) -> dict[str, int]:
@@ -291,7 +317,7 @@ def format_report(report: IngestReport) -> str:
         f"  rows in {report.rows_in:,}  out {report.rows_out:,}{requests}  quarantined "
         f"{report.quarantined:,}"
         + (f"  history-only {report.history_only:,}" if report.history_only else ""),
-        f"  sessions {report.sessions:,}  positives {report.positives:,}  "
+        f"  sessions {report.sessions:,} (distinct ids)  positives {report.positives:,}  "
         f"ts {report.ts_unit}  session ids {report.session_ids}  history {report.history}",
     ]
     if report.mapping.get("event"):

@@ -50,7 +50,6 @@ def run_predict(args: argparse.Namespace) -> int:
     from recd.errors import ConfigError
     from recd.progress import progress_enabled
     from recd.train.config import load_train_config
-    from recd.train.inference import predict_table
 
     config = load_train_config(args.config)
     start, end, table = args.start, args.end, args.table
@@ -66,6 +65,9 @@ def run_predict(args: argparse.Namespace) -> int:
         table = config.eval.table
     if args.batch_size is not None and args.batch_size < 1:
         raise ConfigError(f"--batch-size: expected an integer >= 1, got {args.batch_size}")
+    _check_out(args.out)  # before torch is imported and the model built
+    from recd.train.inference import predict_table
+
     report = predict_table(
         config,
         args.checkpoint,
@@ -95,3 +97,14 @@ def run_predict(args: argparse.Namespace) -> int:
         ),
     )
     return 0
+
+
+def _check_out(out: Path) -> None:
+    """StorageError (one line naming OUT) unless OUT can be written: it is written beside
+    itself and renamed over, so its directory must take new files."""
+    from recd.errors import StorageError
+    from recd.writable import check_can_replace
+
+    if out.is_dir():
+        raise StorageError(f"{out}: cannot write here: it is a directory (--out names a file)")
+    check_can_replace(out, hint="write the predictions elsewhere (--out)")

@@ -72,9 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _info(args: argparse.Namespace) -> int:
     view = committed_files(args.table, snapshot_id=args.snapshot)
-    import pyarrow.parquet as pq
-
-    rows = sum(pq.read_metadata(path).num_rows for path in view.files)
+    rows = sum(_rows(path) for path in view.files)
     body = {
         "table": str(args.table),
         "format": view.table_format,
@@ -93,6 +91,19 @@ def _info(args: argparse.Namespace) -> int:
 
     emit(args, body, show)
     return 0
+
+
+def _rows(path: Path) -> int:
+    """Rows of a table file, from its footer (SchemaError naming a truncated or damaged one)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from recd.errors import SchemaError
+
+    try:
+        return int(pq.read_metadata(path).num_rows)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise SchemaError(f"{path}: not a readable Parquet file: {exc}") from exc
 
 
 def _snapshots(args: argparse.Namespace) -> int:

@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 
 from recd.errors import CommitError
 from recd.etl.partitions import Partition, iter_partition_dirs
+from recd.writable import check_writable_dir, storage_error
 
 SUCCESS_FILE = "_SUCCESS"
 STAGING_PREFIX = "_tmp-"
@@ -104,10 +105,17 @@ def staging_dir(table_dir: Path, run_id: str) -> Path:
 
 @contextlib.contextmanager
 def lock_table(table_dir: Path) -> Iterator[None]:
-    """Hold the table's writer lock (an flock, released by the kernel if the process dies)."""
-    table_dir.mkdir(parents=True, exist_ok=True)
+    """Hold the table's writer lock (an flock, released by the kernel if the process dies).
+
+    A table directory recd cannot write (a file in the way, a read-only file system, no
+    permission) is a StorageError naming it, raised before anything is written."""
+    check_writable_dir(table_dir)
     path = table_dir / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        table_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise storage_error(table_dir, exc) from exc
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

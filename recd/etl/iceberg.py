@@ -25,6 +25,22 @@ table: ``day_start_ms = truncate[86400000](ts)``, named by ``ds=D``), the sort o
 (``session_id, ts`` for a clustered table), recd's catalogue (property ``recd.catalogue``) and
 the table layout (``recd.layout``). Each snapshot's summary names the ETL run (``recd.run-id``).
 
+recd's data files carry no Parquet field ids: they are written by pyarrow (either engine, and
+by other tools for a migrated Hive-layout table) before the Iceberg table, which assigns the
+ids, is even loaded, and a migration registers files it must not rewrite. Iceberg readers
+map such files' columns to the table's by name through the table's name mapping (property
+``schema.name-mapping.default``, the spec's answer for files written without ids, and what
+pyiceberg's own ``add_files`` writes); without it pyiceberg refuses to scan them. recd
+registers its files by hand (a run's commit replaces partitions in one overwrite, which
+``add_files`` cannot), so it writes the mapping itself: when it creates a table, and in the
+next commit to a table made before it did.
+
+Data file paths in the manifests are absolute (the table root resolved), so that any reader
+finds them from any working directory; moving a table's directory therefore breaks it. Older
+recd versions wrote a relative ``--table`` as relative paths: recd resolves those against
+the table root (the file lies in its partition's directory), and the next commit re-lists
+them with absolute paths, so that other Iceberg readers find them in the current snapshot.
+
 pyiceberg is imported lazily: it costs about a second of start-up that the readers' worker
 processes and the Hive-layout path do not need.
 """
@@ -35,6 +51,7 @@ import json
 import logging
 import os
 import time
+import urllib.parse
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +69,7 @@ if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.manifest import DataFile
     from pyiceberg.table import Table
+    from pyiceberg.table.metadata import TableMetadata
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +83,8 @@ PARTITION_FIELD = "{}_start_ms"
 RUN_ID_PROPERTY = "recd.run-id"
 CATALOGUE_PROPERTY = "recd.catalogue"
 LAYOUT_PROPERTY = "recd.layout"
+NAME_MAPPING_PROPERTY = "schema.name-mapping.default"
+"""Iceberg's name mapping (column names -> field ids) for data files without field ids."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,9 +203,18 @@ def create_table(
             with tx.update_sort_order() as order:
                 order.asc("session_id", IdentityTransform())
                 order.asc("ts", IdentityTransform())
+        tx.set_properties(name_mapping_properties(tx.table_metadata))
     if write_pointer:
         write_table_pointer(root, catalog=catalog, identifier=identifier)
     return cat.load_table(identifier)
+
+
+def name_mapping_properties(metadata: TableMetadata) -> dict[str, str]:
+    """``{schema.name-mapping.default: ...}`` mapping the current schema's column names to
+    its field ids, or {} when the table has a name mapping already."""
+    if metadata.name_mapping() is not None:
+        return {}
+    return {NAME_MAPPING_PROPERTY: metadata.schema().name_mapping.model_dump_json()}
 
 
 def write_table_pointer(table_dir: Path, *, catalog: str | None, identifier: str) -> None:
@@ -217,7 +246,24 @@ def _partition_of(data_file: DataFile, partition_by: str) -> Partition:
 
 
 def _local_path(uri: str) -> Path:
-    return Path(uri[len("file://") :]) if uri.startswith("file://") else Path(uri)
+    if uri.startswith("file:"):
+        return Path(urllib.parse.unquote(urllib.parse.urlparse(uri).path))
+    return Path(uri)
+
+
+def table_root(table: Table) -> Path:
+    """The table's directory (its location, a ``file:`` URI or a path)."""
+    return _local_path(table.location())
+
+
+def data_file_path(table: Table, data_file: DataFile, partition_by: str) -> Path:
+    """Where ``data_file`` lies. A relative path (written by an older recd for a relative
+    ``--table``: relative to that run's working directory, which nobody recorded) is found
+    in its partition's directory under the table root, where recd puts every data file."""
+    path = _local_path(data_file.file_path)
+    if path.is_absolute():
+        return path
+    return _partition_of(data_file, partition_by).path(table_root(table)) / path.name
 
 
 def live_data_files(table: Table, snapshot_id: int | None = None) -> list[DataFile]:
@@ -265,7 +311,9 @@ def snapshot_files(
             continue
         if end_ms is not None and partition.start_ms >= end_ms:
             continue
-        by_partition.setdefault(partition, []).append(_local_path(data_file.file_path))
+        by_partition.setdefault(partition, []).append(
+            data_file_path(table, data_file, partition_by)
+        )
     partitions = [(p, sorted(by_partition[p])) for p in sorted(by_partition)]
     return resolved, partitions
 
@@ -292,6 +340,7 @@ def commit_files(
     staged = sorted(staged)
     if not staged:
         raise CommitError(f"{table_dir}: nothing to commit")
+    table_dir = table_dir.resolve()  # the manifests list absolute paths (module docstring)
     if is_iceberg_table(table_dir):
         table = load_table(table_dir)
     else:
@@ -334,18 +383,32 @@ def commit_files(
 def _commit(table: Table, files: list[Path], partitions: set[Partition], *, run_id: str) -> int:
     from pyiceberg.io.pyarrow import parquet_files_to_data_files
 
+    partition_by = table_partition_by(table)
+    live = live_data_files(table)
+    replaced = [f for f in live if _partition_of(f, partition_by) in partitions]
+    # Files an older recd listed by relative paths: listed again by absolute ones.
+    relisted = [
+        f
+        for f in live
+        if _partition_of(f, partition_by) not in partitions
+        and not _local_path(f.file_path).is_absolute()
+    ]
+    replaced += relisted
+    paths = [p.parent.resolve() / p.name for p in files]
+    paths += [data_file_path(table, f, partition_by) for f in relisted]
     # The dedup layout writes no statistics for the columns whose min/max say nothing
     # (recd.layout.statistics_columns); pyiceberg warns once per such column and file.
     quiet = logging.getLogger("pyiceberg.io.pyarrow")
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        new = list(parquet_files_to_data_files(table.io, table.metadata, iter(map(str, files))))
+        new = list(parquet_files_to_data_files(table.io, table.metadata, iter(map(str, paths))))
     finally:
         quiet.setLevel(level)
-    partition_by = table_partition_by(table)
-    replaced = [f for f in live_data_files(table) if _partition_of(f, partition_by) in partitions]
     with table.transaction() as tx:
+        properties = name_mapping_properties(table.metadata)
+        if properties:  # a table made before recd wrote the mapping: scannable from now on
+            tx.set_properties(properties)
         update = tx.update_snapshot(snapshot_properties={RUN_ID_PROPERTY: run_id})
         if replaced:
             with update.overwrite() as overwrite:
@@ -369,9 +432,11 @@ def _current_snapshot_id(table: Table) -> int:
 def referenced_paths(table: Table) -> set[Path]:
     """Every data file any snapshot of ``table`` lists (resolved paths)."""
     out: set[Path] = set()
+    partition_by = table_partition_by(table)
     for snapshot in table.snapshots():
         out.update(
-            _local_path(f.file_path).resolve() for f in live_data_files(table, snapshot.snapshot_id)
+            data_file_path(table, f, partition_by).resolve()
+            for f in live_data_files(table, snapshot.snapshot_id)
         )
     return out
 

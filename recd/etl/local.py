@@ -74,12 +74,13 @@ import logging
 import math
 import os
 import shutil
+import sqlite3
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,7 +89,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from recd.errors import ConfigError, SchemaError
+from recd.errors import ConfigError, SchemaError, StorageError
 from recd.etl.commit import (
     QUARANTINE_DIR,
     lock_table,
@@ -103,9 +104,10 @@ from recd.etl.encodings import (
     plan_encodings,
     smallest_bytes,
 )
+from recd.etl.iceberg import is_iceberg_table, load_table
 from recd.etl.inputs import list_shards, output_order
 from recd.etl.partitions import Partition, unit_ids
-from recd.etl.tables import commit_and_report, prepare_table, refuse_foreign_table
+from recd.etl.tables import commit_and_report, prepare_table, refuse_foreign_table, table_format
 from recd.etl.validate import (
     BlockValidator,
     Frame,
@@ -126,6 +128,7 @@ from recd.logs.hashing import splitmix64
 from recd.logs.rawlog import MANIFEST_FILE, read_catalogue
 from recd.progress import peak_rss_bytes, progress_bar
 from recd.schema import SESSION_ID, TS, Catalogue, as_table_schema, strict_schema
+from recd.writable import DISK_FULL_ERRNOS, NOT_WRITABLE_ERRNOS, os_error_reason, storage_error
 
 log = logging.getLogger(__name__)
 
@@ -162,11 +165,105 @@ def run_etl(config: EtlConfig) -> EtlReport:
 
     ``engine="spark"`` hands over to ``recd.etl.spark.run_spark_etl`` (the ``recd[spark]``
     extra); ``"local"`` runs the embedded engine in this process.
+
+    A table recd cannot write (a file in the way, a read-only file system, no permission) or a
+    disk that fills up during the run ends in a StorageError naming the table and saying what
+    the table holds (:func:`table_write_error`); a baseline run into a clustered table is
+    refused (:func:`refuse_mixed_order`).
     """
     refuse_foreign_table(config.table_dir)  # before the lock file is made in it
-    if config.engine == "spark":
-        return _run_spark(config)
-    return LocalEtl(config).run()
+    try:
+        if config.engine == "spark":
+            refuse_mixed_order(config)
+            return _run_spark(config)
+        return LocalEtl(config).run()
+    except Exception as exc:
+        error = table_write_error(config.table_dir, exc)
+        if error is None:
+            raise
+        raise error from exc
+
+
+def table_write_error(table_dir: Path, exc: BaseException) -> StorageError | None:
+    """The StorageError of ``exc`` raised by an ETL run writing ``table_dir``, or None when it
+    is not about writing there (e.g. an unreadable input, which stays as it is).
+
+    A full disk or quota (an OSError, or the embedded Iceberg catalog's SQLite "database or
+    disk is full") names the table and what it holds now: an Iceberg table is as it was before
+    the run (its commit is the run's last write), a Hive-layout one may hold some of the run's
+    hours, each whole. Other refusals (read-only, no permission, a file in the way) count when
+    they concern a path in the table, or no path (pyarrow's writers name none).
+    """
+    full = _disk_full(exc)
+    if full is not None:
+        found = table_format(table_dir) if table_dir.is_dir() else None
+        if found == "hive":
+            state = (
+                "every hour is whole: as it was, or this run's where it was committed before "
+                "the disk filled"
+            )
+        elif found is None:
+            state = "nothing was committed"
+        else:
+            state = "nothing of this run was committed: the table reads as it did before"
+        return StorageError(
+            f"{table_dir}: {full} while this ETL run wrote the table; {state}. "
+            "Free space (or write the table to another disk) and run again"
+        )
+    if not isinstance(exc, OSError):
+        return None
+    if exc.errno in NOT_WRITABLE_ERRNOS and (
+        exc.filename is None or _inside(Path(os.fsdecode(exc.filename)), table_dir)
+    ):
+        return storage_error(table_dir, exc)
+    return None
+
+
+def _disk_full(exc: BaseException) -> str | None:
+    """Why ``exc`` (or an error it was raised from) says the disk is full, or None."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a short chain: SQLAlchemy's error wraps sqlite3's
+        if seen is None:
+            break
+        if isinstance(seen, OSError) and seen.errno in DISK_FULL_ERRNOS:
+            return os_error_reason(seen)
+        if isinstance(seen, sqlite3.Error) and (
+            getattr(seen, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+            or "disk is full" in str(seen)
+        ):
+            return "the disk is full (the Iceberg catalog's database could not grow)"
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    return path.absolute().is_relative_to(directory.absolute())
+
+
+def refuse_mixed_order(config: EtlConfig) -> None:
+    """ConfigError when a baseline (arrival-order) run would write into an Iceberg table that
+    records a clustered sort order (``session_id, ts``, set when the table was created by a
+    clustered run or migrated without ``--baseline``): the table would claim an order that
+    some of its rows do not have.
+
+    The reverse is allowed: a table that records no order (a baseline table) claims nothing
+    about its rows, so clustered rows keep it true, and rewriting an arrival-order table's
+    hours clustered is how a run replaces a baseline run. A Hive-layout table records no order
+    and is not checked.
+    """
+    if not config.baseline or not is_iceberg_table(config.table_dir):
+        return
+    table = load_table(config.table_dir)
+    schema = table.schema()
+    order = [
+        schema.find_column_name(f.source_id) or str(f.source_id) for f in table.sort_order().fields
+    ]
+    if order:
+        raise ConfigError(
+            f"{config.table_dir}: the table holds rows clustered by session (its Iceberg sort "
+            f"order is {', '.join(order)}); a --baseline run would add rows in arrival order "
+            "to it: write the baseline to another table"
+        )
 
 
 def _run_spark(config: EtlConfig) -> EtlReport:
@@ -662,9 +759,12 @@ class PartitionWriters:
         self.buffered_bytes = 0
 
     def abort(self) -> None:
-        """Close every file without writing the buffers (the run failed)."""
+        """Close every file without writing the buffers (the run failed). The files are
+        deleted next, so an error closing one (its footer on a full disk) is ignored: the
+        run's own error is the one raised."""
         for writer in self.writers.values():
-            writer.abort()
+            with suppress(OSError):
+                writer.abort()
         self._recent.clear()
         self.buffered_bytes = 0
 
@@ -766,6 +866,7 @@ class LocalEtl:
             )
         jobs = self._plan_jobs(shards)
         with lock_table(self.config.table_dir):
+            refuse_mixed_order(self.config)
             target = prepare_table(self.config)
             self.partition_by = target.partition_by
             try:
@@ -782,13 +883,19 @@ class LocalEtl:
                     self.quarantine.close()
             self._count_quarantine()
             rows_per_partition = {} if self.writers is None else self.writers.rows_per_partition
-            commit_and_report(
-                self.config,
-                self.staging,
-                rows_per_partition,
-                self.report,
-                target=target,
-            )
+            try:
+                commit_and_report(
+                    self.config,
+                    self.staging,
+                    rows_per_partition,
+                    self.report,
+                    target=target,
+                )
+            except BaseException:
+                # What was not committed is never visible; its space is given back now (a
+                # full disk) rather than by the next run's clean-up.
+                shutil.rmtree(self.staging, ignore_errors=True)
+                raise
         report = self.report
         report.row_groups_flushed_early = 0 if self.writers is None else self.writers.early_flushes
         report.seconds = time.perf_counter() - started

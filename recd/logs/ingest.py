@@ -5,10 +5,15 @@ id and an event type, plus any label, dense and sparse columns an ``IngestMappin
 (``recd.logs.ingest_mapping``) names. Timestamps are epoch milliseconds, epoch seconds (may
 have a fraction) or ISO 8601 strings (``2024-05-01T12:00:00Z``, ``2024-05-01 12:00:00.250+02:00``;
 no zone means UTC); ``ts_unit="auto"`` picks per file whichever of numeric / ISO parses more
-values, and for numbers ms if any magnitude is >= 1e11, else seconds. Session ids are integers,
-or any strings, which become a stable 63-bit hash (FNV-1a + SplitMix64 of the UTF-8 bytes, the
-same id on every run and machine); ``session_ids="auto"`` uses the integers when every id is
-one. Item ids must be integers >= 0. Event types are strings, trimmed and lower-cased; the
+values, and for numbers the unit most of them have (ms for a magnitude >= 1e11, else seconds;
+``UnitMix``): in a file of both kinds each value of the other kind is a bad line. A number whose
+date falls outside the years 1 to 9999 is a bad line (the message names the unit that reads
+it). A log whose every sample is dated before 1990 is refused when it was read as ms and would
+be dated 1990 to 2099 as seconds (epoch seconds given ``ts_unit="ms"``), and gets a warning
+otherwise (``_early_dates``). Session ids are integers (any int64, negative ones too: every
+hash downstream mixes their two's complement bits), or any strings, which become a stable
+63-bit hash (FNV-1a + SplitMix64 of the UTF-8 bytes, the same id on every run and machine);
+``session_ids="auto"`` uses the integers when every id is one. Item ids must be integers >= 0. Event types are strings, trimmed and lower-cased; the
 event column is optional when the labels come from label columns.
 
 Impression logs (one request scores several candidate items) come in two shapes: one row per
@@ -50,7 +55,8 @@ new names get the next ids. ``OUT/_ingest.json`` records the vocabulary, the lab
 the mapping, the resolved timestamp unit and session-id mode, warnings and the counts. A label
 with one value on every sample is logged as a warning (one line, naming it and the value); so
 is a log of fewer than ``SPARSE_SAMPLES_PER_HOUR`` samples per hour over more than two days
-(hourly partitions would be tiny: partition the table by day, ``recd etl --partition-by day``).
+(hourly partitions would be tiny: partition the table by day, ``recd etl --partition-by day``),
+unless the caller says the table is partitioned by day already (``partition_by``).
 
 Bad input rows (a CSV line with the wrong number of fields or an unmatched quote, invalid JSON
 or not an object, a missing session id / timestamp / item id / event type, a timestamp, id or
@@ -105,6 +111,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +154,8 @@ from recd.logs.ingest_values import (
     MS_THRESHOLD,
     NUMBER_RE,
     QUOTE_CHARS,
+    UNIT_NAMES,
+    UnitMix,
     cast_where,
     is_missing,
     matches,
@@ -422,6 +431,7 @@ def ingest_events(
     allow_empty: bool = False,
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
     show_progress: bool = True,
+    partition_by: str | None = None,
 ) -> IngestReport:
     """Read the event log at ``path`` and write it as a raw-log directory ``out_dir``.
 
@@ -433,11 +443,15 @@ def ingest_events(
     quarantine mode) raises ``NoEventsError`` and leaves ``out_dir`` as it was, unless
     ``allow_empty``. Raises ``BadLineError`` on the first bad line when ``on_bad_rows ==
     "fail"``, ``SchemaError`` for a missing column or unreadable file and ``ConfigError`` for
-    bad options.
+    bad options. ``delimiter``: one character, or ``\\t`` / ``tab`` for a tab
+    (``resolve_delimiter``). ``partition_by``: how the table will be partitioned, when the
+    caller knows (``day``: no day-partition hint).
     """
     start = time.perf_counter()
     path = Path(path)
+    _check_input(path)
     fmt = _resolve_format(path, fmt)
+    delimiter = resolve_delimiter(delimiter)
     mapping = _mapping_of(
         mapping,
         session=session_col,
@@ -454,8 +468,6 @@ def ingest_events(
         raise ConfigError(
             f"mapping.list_separator {mapping.list_separator!r} is the CSV delimiter: pick another"
         )
-    if not path.is_file():
-        raise ConfigError(f"event log {path} does not exist")
     plan = _plan(path, memory_budget_bytes, max_line_bytes)
     with tempfile.TemporaryDirectory(
         prefix=f".{Path(out_dir).name}.ingest-", dir=_parent(out_dir)
@@ -485,10 +497,13 @@ def ingest_events(
         stats = done.stats
         if stats.samples == 0 and not allow_empty:
             raise _no_events(path, _why_no_events(read, bad, fmt, stats))
+        early = _early_dates(path, mapping, modes, stats)
         vocabulary = _event_vocabulary(done.event_names, event_vocabulary)
         lookup = np.array([0, *(vocabulary.get(name, 0) for name in provisional)], dtype=np.int64)
         catalogue = build_catalogue(stats, mapping, event_types=max(vocabulary.values(), default=0))
-        warnings = _constant_label_warnings(stats, mapping) + _partition_hint(stats)
+        warnings = _constant_label_warnings(stats, mapping) + early
+        if partition_by != "day":
+            warnings += _partition_hint(stats)
         with replace_dir_atomically(out_dir) as tmp:
             with rawlog.RawLogWriter(tmp, catalogue) as writer:
                 for batch in done.batches():
@@ -609,6 +624,47 @@ def _partition_hint(stats: SampleStats) -> list[str]:
     ]
 
 
+EPOCH_1990_MS = 631_152_000_000  # 1990-01-01T00:00:00Z
+EPOCH_2100_MS = 4_102_444_800_000  # 2100-01-01T00:00:00Z
+
+
+def _early_dates(
+    path: Path, mapping: IngestMapping, modes: _Modes, stats: SampleStats
+) -> list[str]:
+    """The check of a log whose every sample's timestamp falls before 1990.
+
+    Read as epoch ms while every value, read as epoch seconds, falls in 1990..2099: epoch
+    seconds given ``--ts-unit ms``, certainly (the dates would all be in January 1970):
+    ``ConfigError``. Any other log dated before 1990 (relative times? ms read as ms that start
+    near 0): one warning line, as its partitions will be dated 1970.
+    """
+    if stats.samples == 0 or stats.ts_min is None or stats.ts_max is None:
+        return []
+    if stats.ts_max >= EPOCH_1990_MS:
+        return []
+    span = f"{_date(stats.ts_min)} to {_date(stats.ts_max)}"
+    if (
+        modes.ts_unit == "ms"
+        and stats.ts_min * 1000 >= EPOCH_1990_MS
+        and stats.ts_max * 1000 < EPOCH_2100_MS
+    ):
+        raise ConfigError(
+            f"{path}: field {mapping.ts!r}: every timestamp falls before 1990 read as epoch "
+            f"milliseconds ({span}), and from 1990 on read as epoch seconds "
+            f"({_date(stats.ts_min * 1000)} to {_date(stats.ts_max * 1000)}): these are epoch "
+            "seconds; use --ts-unit s (or auto)"
+        )
+    unit = UNIT_NAMES.get(modes.ts_unit, "ISO 8601")
+    return [
+        f"every timestamp (column {mapping.ts!r}, read as {unit}) falls before 1990 ({span}): "
+        "relative times rather than epoch times? the table's partitions will carry these dates"
+    ]
+
+
+def _date(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
 def _constant_label_warnings(stats: SampleStats, mapping: IngestMapping) -> list[str]:
     """One line per label with a single value on every sample (a typo in positive_events, or
     the wrong label column)."""
@@ -707,6 +763,7 @@ class _Spill:
 class _Modes:
     ts_unit: str
     session_ids: str
+    ts_mix: UnitMix | None = None  # ts_unit auto on numbers: the log's counts of each kind
 
 
 @dataclass(slots=True)
@@ -722,20 +779,25 @@ class _ReadResult:
     session_ints: int = 0
     ts_numeric: int = 0
     ts_iso: int = 0
-    ts_abs_max: float = 0.0
+    ts_ms_like: int = 0  # numeric timestamps of magnitude >= MS_THRESHOLD
+    ts_s_like: int = 0  # the others
     schema: pa.Schema | None = None
 
     def modes(self, mapping: IngestMapping) -> _Modes:
-        """The timestamp unit and session-id mode, ``auto`` resolved over the whole file."""
+        """The timestamp unit and session-id mode, ``auto`` resolved over the whole file:
+        numbers are read in the unit most of them look like (``UnitMix``); when both kinds
+        occur, ``ts_mix`` makes the values of the other kind bad lines."""
         unit = mapping.ts_unit
+        mix = None
         if unit == "auto":
             unit = "iso" if self.ts_iso > self.ts_numeric else "number"
         if unit == "number":
-            unit = "ms" if self.ts_abs_max >= MS_THRESHOLD else "s"
+            mix = UnitMix(ms=self.ts_ms_like, s=self.ts_s_like)
+            unit = mix.unit
         session = mapping.session_ids
         if session == "auto":
             session = "int" if self.session_ints == self.session_present else "hash"
-        return _Modes(ts_unit=unit, session_ids=session)
+        return _Modes(ts_unit=unit, session_ids=session, ts_mix=mix)
 
 
 def _roles(mapping: IngestMapping) -> dict[str, str]:
@@ -977,7 +1039,9 @@ def _count_modes(trimmed: dict[str, pa.Array], mapping: IngestMapping, result: _
         result.ts_iso += int((matches(values, ISO_RE) & present).sum())
         cast, ok = cast_where(values, numeric, pa.float64())
         number = np.asarray(pc.fill_null(cast, 0.0).to_numpy(zero_copy_only=False))
-        result.ts_abs_max = max(result.ts_abs_max, float(np.abs(number[ok]).max(initial=0.0)))
+        ms_like = int((ok & (np.abs(number) >= MS_THRESHOLD)).sum())
+        result.ts_ms_like += ms_like
+        result.ts_s_like += int(ok.sum()) - ms_like
 
 
 def _bucket_of(session: pa.Array, buckets: int) -> np.ndarray:
@@ -1234,7 +1298,7 @@ def _parse_bucket(
     kept_itemless = history_only & no_item & mapping.keep_itemless
     session, _ = parse_session(col["session"], modes.session_ids)
     if mapping.ts_unit == "auto" and modes.ts_unit in ("ms", "s"):
-        ts, _ = parse_ts(col["ts"], "number", number_unit=modes.ts_unit)
+        ts, _ = parse_ts(col["ts"], "number", number_unit=modes.ts_unit, mix=modes.ts_mix)
     else:
         ts, _ = parse_ts(col["ts"], modes.ts_unit)
     parsed = {"session": session, "ts": ts, "item": parse_item(col["item"])}
@@ -1309,6 +1373,38 @@ def _parse_bucket(
     return events, bad, {name for name in dictionary if name}
 
 
+def _check_input(path: Path) -> None:
+    """The event log must be one readable file."""
+    if path.is_dir():
+        suffixes = ", ".join(sorted(_SUFFIX_FORMATS))
+        raise ConfigError(
+            f"{path}: is a directory; recd logs ingest reads one event log file ({suffixes}) "
+            "per run: give one file, or concatenate the directory's logs into one (CSV: one "
+            "header line)"
+        )
+    if not path.exists():
+        raise ConfigError(f"event log {path} does not exist")
+    if not path.is_file():
+        raise ConfigError(f"event log {path} is not a regular file")
+
+
+DELIMITER_NAMES = {"\\t": "\t", "tab": "\t"}
+"""Spellings of a delimiter that the shell cannot pass as one character: ``\\t`` as typed
+(``--delimiter '\\t'``) and the word ``tab`` (any case) are a tab."""
+
+
+def resolve_delimiter(delimiter: str) -> str:
+    """The CSV delimiter ``delimiter`` names: itself (one single-byte character), or a tab
+    for ``\\t`` and ``tab``; ``ConfigError`` for anything else."""
+    resolved = DELIMITER_NAMES.get(delimiter.lower(), delimiter)
+    if len(resolved.encode()) != 1 or resolved in '\r\n"':
+        raise ConfigError(
+            "delimiter must be one single-byte character other than a quote or line break "
+            f"(or \\t / tab for a tab), got {delimiter!r}"
+        )
+    return resolved
+
+
 def _resolve_format(path: Path, fmt: str | None) -> str:
     if fmt is None:
         fmt = _SUFFIX_FORMATS.get(path.suffix.lower())
@@ -1329,8 +1425,7 @@ def _check_options(
         raise ConfigError(
             f"on_bad_rows must be one of {', '.join(BAD_ROW_POLICIES)}, got {on_bad_rows!r}"
         )
-    if len(delimiter.encode()) != 1 or delimiter in '\r\n"':
-        raise ConfigError(f"delimiter must be one single-byte character, got {delimiter!r}")
+    resolve_delimiter(delimiter)
     if max_line_bytes < 1:
         raise ConfigError(f"max_line_bytes must be >= 1, got {max_line_bytes}")
     if memory_budget_bytes < 16 * MIB:

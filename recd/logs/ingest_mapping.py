@@ -78,7 +78,8 @@ class IngestMapping:
     """Event type column (strings, trimmed and lower-cased); feeds ``hist_event_types`` and,
     with ``positive_events``, the label."""
     ts_unit: str = "auto"
-    """``auto``, ``ms``, ``s`` or ``iso``: auto picks per file (numbers: ms if any >= 1e11)."""
+    """``auto``, ``ms``, ``s`` or ``iso``: auto picks per file (numbers: the unit most of them
+    have, ms for a magnitude >= 1e11; a file of both kinds has bad lines)."""
     session_ids: str = "auto"
     """``auto``, ``int`` or ``hash``: auto uses the integers when every id is one."""
     positive_events: list[str] | None = None

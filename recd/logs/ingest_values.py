@@ -9,6 +9,7 @@ per-row loop.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -128,20 +129,45 @@ def parse_item(values: pa.Array) -> Parsed:
     return Parsed(values=ints, failed=~ok | negative, problem=problem)
 
 
-def parse_ts(values: pa.Array, unit: str, number_unit: str | None = None) -> tuple[Parsed, str]:
+@dataclass(frozen=True, slots=True)
+class UnitMix:
+    """The numeric timestamps of a log read with ``ts_unit="auto"``: how many look like epoch
+    milliseconds (magnitude >= ``MS_THRESHOLD``) and how many like epoch seconds."""
+
+    ms: int
+    s: int
+
+    @property
+    def unit(self) -> str:
+        """The log's unit: the one most of its numeric timestamps have (a tie: ms)."""
+        return "ms" if self.ms and self.ms >= self.s else "s"
+
+    @property
+    def mixed(self) -> bool:
+        """Both kinds occur: the values of the other kind than ``unit`` are bad."""
+        return self.ms > 0 and self.s > 0
+
+
+def parse_ts(
+    values: pa.Array, unit: str, number_unit: str | None = None, mix: UnitMix | None = None
+) -> tuple[Parsed, str]:
     """Timestamps to epoch ms: (N,) int64, and the resolved unit (ms, s or iso).
 
     ``unit`` ``number``: numbers, read as ``number_unit`` (ms or s; None: ms if any magnitude
-    here is >= 1e11), with the messages of ``auto``.
+    here is >= 1e11), with the messages of ``auto``; ``mix`` (the whole log's counts, when it
+    has both kinds) makes each value of the other kind than ``number_unit`` a bad value. A
+    number is also bad when its date falls outside the years 1 to 9999 (``TS_MIN_MS`` ..
+    ``TS_MAX_MS``): the message then says which unit would read it.
     """
     present = ~is_missing(values)
     numeric = matches(values, NUMBER_RE) & present
     iso = matches(values, ISO_RE) & present
+    chosen = unit
     if unit == "auto":
         unit = "iso" if iso.sum() > numeric.sum() else "number"
     expected = TS_EXPECTED["auto" if unit == "number" else unit]
 
-    def problem(raw: str) -> str:
+    def cannot_parse(raw: str) -> str:
         return f"cannot parse {quote(raw)} as a timestamp (expected {expected})"
 
     if unit == "iso":
@@ -151,7 +177,10 @@ def parse_ts(values: pa.Array, unit: str, number_unit: str | None = None) -> tup
         ns = np.where(zoned, to_int64(pc.cast(zoned_ns, pa.int64())), 0)
         ns = np.where(naive_ok, to_int64(pc.cast(naive_ns, pa.int64())), ns)
         ok = naive_ok | zoned_ok
-        return Parsed(values=np.floor_divide(ns, 1_000_000), failed=~ok, problem=problem), "iso"
+        return (
+            Parsed(values=np.floor_divide(ns, 1_000_000), failed=~ok, problem=cannot_parse),
+            "iso",
+        )
     cast, ok = cast_where(values, numeric, pa.float64())
     number = np.asarray(pc.fill_null(cast, 0.0).to_numpy(zero_copy_only=False), dtype=np.float64)
     if unit == "number" and number_unit is not None:
@@ -160,9 +189,75 @@ def parse_ts(values: pa.Array, unit: str, number_unit: str | None = None) -> tup
         big = np.abs(number[ok]).max(initial=0.0) >= MS_THRESHOLD
         unit = "ms" if big else "s"
     ms = number if unit == "ms" else number * 1000.0
-    ok &= np.isfinite(ms) & (np.abs(ms) < 2.0**62)
+    ok &= np.isfinite(ms)
+    in_range = (ms >= TS_MIN_MS) & (ms <= TS_MAX_MS)
+    mixed = mix is not None and mix.mixed
+    if mixed:
+        looks_ms = np.abs(number) >= MS_THRESHOLD
+        ok &= looks_ms if unit == "ms" else ~looks_ms
+    ok &= in_range
     ms_int = np.rint(np.where(ok, ms, 0.0)).astype(np.int64)
+    how = f"--ts-unit {unit}" if chosen in ("ms", "s") else f"--ts-unit auto read the log as {unit}"
+
+    def problem(raw: str) -> str:
+        value = _finite_number(raw)
+        if value is None:
+            return cannot_parse(raw)
+        if mixed and mix is not None and (abs(value) >= MS_THRESHOLD) != (unit == "ms"):
+            return _mixed_problem(raw, value, unit, mix)
+        return _range_problem(raw, value, unit, how)
+
     return Parsed(values=ms_int, failed=~ok, problem=problem), unit
+
+
+TS_MIN_MS = -62_135_596_800_000  # 0001-01-01T00:00:00Z
+TS_MAX_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+MS_PER_YEAR = 31_556_952_000  # a mean Gregorian year
+UNIT_NAMES = {"ms": "epoch milliseconds", "s": "epoch seconds"}
+
+
+def _finite_number(raw: str) -> float | None:
+    """``raw`` (trimmed) as a finite number, or None when it is not one."""
+    text = raw.strip()
+    if not matches(pa.array([text]), NUMBER_RE)[0]:
+        return None
+    value = float(text)
+    return value if np.isfinite(value) else None
+
+
+def _year(ms: float) -> str:
+    year = math.floor(1970 + ms / MS_PER_YEAR)
+    return f"the year {year:,}" if year >= 1 else "before the year 1"
+
+
+def _range_problem(raw: str, value: float, unit: str, how: str) -> str:
+    """A number whose date, read in ``unit``, is outside the years 1 to 9999."""
+    ms = value if unit == "ms" else value * 1000.0
+    message = (
+        f"timestamp {quote(raw)} is out of range as {UNIT_NAMES[unit]} ({how}): that is "
+        f"{_year(ms)}, and dates must fall in the years 1 to 9999"
+    )
+    if unit == "s" and TS_MIN_MS <= value <= TS_MAX_MS:
+        return message + "; are these epoch milliseconds? use --ts-unit ms (or auto)"
+    if value > 0:
+        return message + (
+            "; epoch microseconds or nanoseconds? recd reads epoch seconds or milliseconds: "
+            "convert the column"
+        )
+    return message
+
+
+def _mixed_problem(raw: str, value: float, unit: str, mix: UnitMix) -> str:
+    """A number of the other kind than the log's unit (``--ts-unit auto`` on a mixed log)."""
+    kind = "ms" if abs(value) >= MS_THRESHOLD else "s"
+    most = mix.ms if unit == "ms" else mix.s
+    bound = "1e11 or more" if kind == "ms" else "below 1e11"
+    return (
+        f"timestamp {quote(raw)} looks like {UNIT_NAMES[kind]} ({bound}), but {most:,} of the "
+        f"log's {mix.ms + mix.s:,} numeric timestamps look like {UNIT_NAMES[unit]}: the log "
+        f"mixes units, and --ts-unit auto reads a whole log in one unit ({unit}); convert these "
+        "lines (or quarantine them: --on-bad-rows quarantine)"
+    )
 
 
 TRUE_FALSE = {"true": 1.0, "false": 0.0}

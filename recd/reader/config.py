@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import tomllib
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -62,6 +63,8 @@ _NOT_FINGERPRINTED = (
 )
 """Fields that do not change which batches come out: a saved position stays valid."""
 ENGINES = ("local", "ray")
+DEFAULT_SESSION_COLUMN = "session_id"
+"""``reader.session_column``'s default: the session ids of a table written by ``recd etl``."""
 
 
 class Shuffle(StrEnum):
@@ -132,6 +135,12 @@ class ReaderConfig:
     """``rows`` / ``session``: rows mixed together, rounded up to a multiple of
     ``batch_size``. Each stream holds one window (plus the row group it ends in) in memory, so
     a reading process holds at most its streams x (window + one row group) rows."""
+    session_column: str = DEFAULT_SESSION_COLUMN
+    """``session``: the column of each row's session (or user) id; the runs of equal ids in a
+    window are the sessions kept together. Integer ids are used as they are, string ids hashed
+    to int64 as ``recd logs ingest`` hashes string session ids; a null id is a bad row. A
+    table written by ``recd etl`` has ``session_id``; a table from another tool may name
+    another column (docs/own-data.md)."""
     streams: int = 4
     """Streams each rank's units are dealt to; consecutive batches come from consecutive
     streams. The batch sequence depends on ``streams``, never on ``num_workers`` or
@@ -187,6 +196,10 @@ class ReaderConfig:
         _check_int("num_workers", self.num_workers, minimum=0)
         _check_int("streams", self.streams, minimum=1)
         _check_int("shuffle_window", self.shuffle_window, minimum=1)
+        if not isinstance(self.session_column, str) or not self.session_column:
+            raise ConfigError(
+                f"reader.session_column: expected a column name, got {self.session_column!r}"
+            )
         if self.engine == "local" and self.num_workers and self.streams % self.num_workers:
             raise ConfigError(
                 f"reader.num_workers: {self.num_workers} does not divide reader.streams = "
@@ -270,6 +283,13 @@ class ReaderConfig:
                         f"reader.preprocessing[{i}].{key}: expected a number or "
                         f"{len(features)} numbers, got {spec[key]!r}"
                     )
+                values = spec.get(key, [])
+                if not all(
+                    math.isfinite(v) for v in (values if isinstance(values, list) else [values])
+                ):
+                    raise ConfigError(  # NaN / infinity would make every feature value NaN
+                        f"reader.preprocessing[{i}].{key}: expected finite numbers, got {values!r}"
+                    )
             if kind == "clamp" and "min" not in spec and "max" not in spec:
                 raise ConfigError(f"reader.preprocessing[{i}] (clamp): give 'min' and/or 'max'")
             specs.append(dict(spec))
@@ -320,6 +340,10 @@ class ReaderConfig:
             out.pop(name)
         if not self.shuffle.windowed:
             out.pop("shuffle_window")  # no window: its size changes nothing
+        if self.shuffle != Shuffle.SESSION or self.session_column == DEFAULT_SESSION_COLUMN:
+            # unread by the other shuffles; at its default, a config keeps the fingerprint it
+            # had before the key existed (its saved positions stay valid)
+            out.pop("session_column")
         return out
 
     def fingerprint(self) -> str:

@@ -39,7 +39,6 @@ from recd.reader.infer import infer_catalogue, with_history_features
 from recd.reader.order import order_units
 from recd.schema import (
     CATALOGUE_METADATA_KEY,
-    SESSION_ID,
     Catalogue,
     catalogue_from_schema,
     nullable_type,
@@ -121,11 +120,18 @@ class ReadPlan:
         return [f for f in self.encoded if f in members]
 
     @property
+    def session_column(self) -> str | None:
+        """The column of the session ids the ``session`` shuffle reads (``reader.
+        session_column``); None for the other shuffles."""
+        return self.config.session_column if self.config.shuffle == Shuffle.SESSION else None
+
+    @property
     def batch_columns(self) -> list[str]:
-        """The columns of a batch's rows: ``columns`` less ``session_id`` and the stacked
-        features, then the stacked columns holding those."""
+        """The columns of a batch's rows: the features (``columns`` less a session column read
+        for the shuffle alone) less the stacked ones, then the stacked columns holding those."""
+        features = {*self.labels, *self.dense, *self.sparse}
         stacked = set(self.stacked)
-        out = [c for c in self.columns if c != SESSION_ID and c not in stacked]
+        out = [c for c in self.columns if c in features and c not in stacked]
         return out + list(STACKED_COLUMNS) if stacked else out
 
     @property
@@ -210,14 +216,18 @@ def build_plan(config: ReaderConfig) -> ReadPlan:
     labels, dense, sparse = _resolve_features(config, catalogue, source=str(files[0]))
     inferred = catalogue is None
     columns = [*labels, *dense, *sparse]
-    if config.shuffle == Shuffle.SESSION:
-        columns.append(SESSION_ID)
+    session = config.session_column if config.shuffle == Shuffle.SESSION else None
+    if session is not None and session not in columns:
+        columns.append(session)  # read for the shuffle alone (a feature too: read once)
     _check_preprocessing(config, dense=dense, sparse=sparse)
     layouts = [
         layout_of(meta.schema.to_arrow_schema(), source=str(path))
         for path, meta in zip(files, metas, strict=True)
     ]
-    column_types = _check_schemas(files, metas, layouts, columns, sparse=sparse)
+    column_types = _check_schemas(
+        files, metas, layouts, columns, features={*labels, *dense, *sparse}, sparse=sparse,
+        session=session,
+    )  # fmt: skip
     if catalogue is not None:
         catalogue = with_history_features(catalogue, config.history_features, sparse)
     else:
@@ -320,9 +330,12 @@ def _check_schemas(
     layouts: list[Layout],
     columns: list[str],
     *,
+    features: set[str],
     sparse: list[str],
+    session: str | None,
 ) -> dict[str, pa.DataType]:
     """Types of ``columns``; SchemaError if one is missing, unusable, or changes across files.
+    ``session``: the column of the session shuffle's ids (integers or strings).
 
     A feature a file stores in the dedup layout has the type of its ``__new_ids`` column
     (or of its group's ``__group_ids`` column; the other columns were checked by
@@ -340,7 +353,14 @@ def _check_schemas(
                 raise SchemaError(f"{path}: missing column {name!r}{seen}")
             typ = nullable_type(schema.field(idx).type)  # ETL tables: no nullable item
             if name not in types:
-                _check_column_type(path, name, typ, sparse=name in sparse_set)
+                _check_column_type(
+                    path,
+                    name,
+                    typ,
+                    sparse=name in sparse_set,
+                    feature=name in features,
+                    session=name == session,
+                )
                 types[name] = typ
                 origin[name] = path
             elif not typ.equals(types[name]):
@@ -351,7 +371,16 @@ def _check_schemas(
     return types
 
 
-def _check_column_type(path: Path, name: str, typ: pa.DataType, *, sparse: bool) -> None:
+def _check_column_type(
+    path: Path, name: str, typ: pa.DataType, *, sparse: bool, feature: bool, session: bool
+) -> None:
+    if session and not is_session_id_type(typ):
+        raise SchemaError(
+            f"{path}: column {name!r} (reader.session_column, the session ids of shuffle = "
+            f"'session') has type {typ}, expected integers or strings"
+        )
+    if not feature:
+        return
     if sparse:
         ok = pa.types.is_integer(typ) or (
             (pa.types.is_list(typ) or pa.types.is_large_list(typ))
@@ -362,11 +391,26 @@ def _check_column_type(path: Path, name: str, typ: pa.DataType, *, sparse: bool)
                 f"{path}: column {name!r} has type {typ}, expected list<int64> or an integer "
                 "(sparse ids)"
             )
-    elif name == SESSION_ID:
-        if not pa.types.is_integer(typ):
-            raise SchemaError(f"{path}: column {name!r} has type {typ}, expected int64")
     elif not (pa.types.is_floating(typ) or pa.types.is_integer(typ)):
         raise SchemaError(f"{path}: column {name!r} has type {typ}, expected float32")
+
+
+def is_session_id_type(typ: pa.DataType) -> bool:
+    """Whether a column of ``typ`` can hold session ids: integers, or strings (or bytes),
+    dictionary-encoded or not."""
+    if pa.types.is_dictionary(typ):
+        typ = typ.value_type
+    return pa.types.is_integer(typ) or any(
+        check(typ)
+        for check in (
+            pa.types.is_string,
+            pa.types.is_large_string,
+            pa.types.is_string_view,
+            pa.types.is_binary,
+            pa.types.is_large_binary,
+            pa.types.is_binary_view,
+        )
+    )
 
 
 def _projected_bytes(group: pq.RowGroupMetaData, columns: set[str]) -> int:

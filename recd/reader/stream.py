@@ -19,14 +19,18 @@ import pyarrow.parquet as pq
 
 from recd.errors import BadRowError, SchemaError
 from recd.layout_read import IDS, combine_stacked, stack_unit, take_rows
+from recd.logs.hashing import hash_strings
 from recd.reader.config import Shuffle
 from recd.reader.order import next_stream, window_order
 from recd.reader.plan import ReadPlan, WorkUnit, locate
 from recd.reader.stored_ops import split_preprocessing
-from recd.schema import SESSION_ID, strict_type
+from recd.schema import strict_type
 from recd.tensors.jagged import SPARSE_TYPE
 
 INT64_MAX = np.iinfo(np.int64).max
+SESSION_KEY = "__recd_session"
+"""The int64 session ids of a unit read for the ``session`` shuffle: its first column
+(:func:`session_keys` of ``reader.session_column``), dropped once a window is permuted."""
 
 
 @dataclass(slots=True)
@@ -64,9 +68,9 @@ class UnitReader:
         self.process_s = 0.0
         """Seconds spent so far preprocessing stored ids (``recd.reader.stored_ops``)."""
         self._last: tuple[int, pa.Table] | None = None
-        keep = [SESSION_ID] if SESSION_ID in plan.columns else []
-        self._columns = keep + plan.batch_columns
-        """What :meth:`read` returns: the batch columns, after the session ids if read."""
+        self._session = plan.session_column
+        self._key_only = self._session not in {*plan.labels, *plan.dense, *plan.sparse}
+        """Whether the session column is read for the shuffle alone (no feature)."""
 
     def read_cached(self, unit: WorkUnit) -> tuple[pa.Table, bool]:
         """:meth:`read`, or the table of the last unit read if it is ``unit``; and whether it
@@ -86,8 +90,14 @@ class UnitReader:
         """The unit's rows: projected, checked, canonical types; the plan's stacked features
         in their in-memory dedup form (``recd.layout``), its other encoded features as plain
         rows, the sparse preprocessing of both applied to the stored ids. The batch columns
-        (``plan.batch_columns``), after ``session_id`` when the plan reads it."""
+        (``plan.batch_columns``), after the session ids (``SESSION_KEY``) for the ``session``
+        shuffle."""
         table = self._read_raw(unit)
+        keys = None
+        if self._session is not None:
+            keys = session_keys(table.column(self._session), self._session, unit)
+            if self._key_only:
+                table = table.drop_columns([self._session])
         table = normalise_table(table, unit, self.plan)
         seconds: list[float] = []
         if self.plan.encoded:  # plain units too: a mixed table's batches have one form
@@ -103,7 +113,8 @@ class UnitReader:
                 plain=self._plain,
             )
             self.process_s += sum(seconds)
-        return table.select(self._columns)
+        table = table.select(self.plan.batch_columns)
+        return table if keys is None else table.add_column(0, SESSION_KEY, keys)
 
     def _read_raw(self, unit: WorkUnit) -> pa.Table:
         columns = self.plan.columns
@@ -149,8 +160,7 @@ def normalise_table(table: pa.Table, unit: WorkUnit, plan: ReadPlan) -> pa.Table
                 out = _normalise_sparse(col, name, unit)
         else:
             _check_no_nulls(col, name, unit, what="null value")
-            target = pa.int64() if name == SESSION_ID else pa.float32()
-            out = col if col.type.equals(target) else col.cast(target)
+            out = col if col.type.equals(pa.float32()) else col.cast(pa.float32())
         changed = changed or out is not col
         columns.append(out)
     return pa.table(columns, names=table.column_names) if changed else table
@@ -207,6 +217,21 @@ def _normalise_sparse(col: pa.ChunkedArray, name: str, unit: WorkUnit) -> pa.Chu
         chunks.append(chunk if chunk.type.equals(SPARSE_TYPE) else chunk.cast(SPARSE_TYPE))
         row0 += len(chunk)
     return pa.chunked_array(chunks, type=SPARSE_TYPE)
+
+
+def session_keys(col: pa.ChunkedArray, name: str, unit: WorkUnit) -> pa.ChunkedArray:
+    """The int64 session ids of a unit's session column (``reader.session_column``): integer
+    ids as they are (an unsigned id above 2**63 - 1 wraps, which keeps equal ids equal and
+    different ones different), string ids hashed to 63 bits as ``recd logs ingest`` hashes
+    string session ids (``recd.logs.hashing.hash_strings``). BadRowError naming the file, row
+    and column for a null id. A table written by ``recd etl`` (int64, no nulls) passes as it
+    is, without a copy."""
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(col.type.value_type)
+    _check_no_nulls(col, name, unit, what="null session id")
+    if pa.types.is_integer(col.type):
+        return col if col.type.equals(pa.int64()) else col.cast(pa.int64(), safe=False)
+    return pa.chunked_array([pa.array(hash_strings(col), type=pa.int64())])
 
 
 def _check_no_nulls(col: pa.ChunkedArray, name: str, unit: WorkUnit, *, what: str) -> None:
@@ -306,7 +331,7 @@ def _windows(
         rows = _concat(parts)
         if IDS in rows.column_names:
             rows = combine_stacked(rows)
-        ids = rows.column(SESSION_ID).to_numpy() if config.shuffle == Shuffle.SESSION else None
+        ids = rows.column(SESSION_KEY).to_numpy() if config.shuffle == Shuffle.SESSION else None
         order = window_order(
             config.shuffle,
             rows.num_rows,

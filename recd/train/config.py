@@ -48,6 +48,7 @@ names the field and the offending value (``ConfigError``, exit code 2 in the CLI
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -218,6 +219,12 @@ class OptimSection:
     """Decoupled decay of the touched embedding rows (fbgemm ADAM)."""
 
     def __post_init__(self) -> None:
+        # NaN passes every comparison's "not < 0" and infinity every ">= 0": both would reach
+        # the optimizer (torch: "Invalid learning rate: nan") or train to NaN weights.
+        for name in ("lr", "eps", "weight_decay", "embedding_weight_decay"):
+            _check_float(f"optim.{name}", getattr(self, name), minimum=0.0)
+        if self.embedding_lr is not None:
+            _check_float("optim.embedding_lr", self.embedding_lr, minimum=0.0)
         if not isinstance(self.betas, list | tuple) or len(self.betas) != 2:
             raise ConfigError(f"optim.betas: expected [beta1, beta2], got {self.betas!r}")
         self.betas = [float(b) for b in self.betas]
@@ -539,6 +546,17 @@ def _build(cls: type, data: dict[str, Any], section: str) -> Any:
 def _check_int(name: str, value: object, *, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{name}: expected an integer >= {minimum}, got {value!r}")
+
+
+def _check_float(name: str, value: object, *, minimum: float) -> None:
+    """A finite number >= ``minimum`` (NaN and infinity are refused)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < minimum
+    ):
+        raise ConfigError(f"{name}: expected a finite number >= {minimum:g}, got {value!r}")
 
 
 def _overlap(a: tuple[int | None, int | None], b: tuple[int | None, int | None]) -> bool:

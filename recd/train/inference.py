@@ -52,7 +52,8 @@ log = logging.getLogger(__name__)
 
 def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
     """``path`` itself when it is a file; the newest valid checkpoint when it is a run
-    directory (ConfigError when it holds none)."""
+    directory (ConfigError when it holds none). Valid includes the checksum: a newest file
+    whose bytes fail it is skipped with a warning, like a truncated one."""
     path = Path(path)
     if path.is_dir():
         newest = newest_valid_checkpoint(path)
@@ -80,12 +81,14 @@ class Scorer:
     @classmethod
     def from_checkpoint(cls, config: TrainConfig, checkpoint: str | os.PathLike[str]) -> Scorer:
         """Build the model of ``config`` on the CPU and load ``checkpoint``'s weights (a
-        file, or a run directory: its newest valid checkpoint)."""
+        file, or a run directory: its newest valid checkpoint). The bytes read are checked
+        against the checkpoint's checksum (``CheckpointChecksumError`` when they differ; a
+        checkpoint without one, from an older recd, loads unverified)."""
         path = resolve_checkpoint(checkpoint)
         catalogue, reader_config = prepare_reader(config, 0, 1)
         model = DLRM(build_model_config(config, catalogue), device=torch.device("cpu"))
         layout = ParamLayout.from_named_arrays(model.named_parameters())
-        state = read_checkpoint_flat(path, layout)  # n_params checked against the config's
+        state = read_checkpoint_flat(path, layout)  # n_params and the checksum checked
         offset = 0
         with torch.no_grad():
             for _, param in model.named_parameters():

@@ -35,7 +35,9 @@ collectives need).
 
 Non-finite values: a step whose loss is NaN or infinite stops training at once with
 :class:`TrainingDivergedError` naming the step (its update has spoilt the weights; nothing of
-it is recorded or checkpointed), and so does an evaluation whose predictions are not finite;
+it is recorded or checkpointed) and the newest checkpoint whose values are all finite (a
+checkpoint of an earlier step may already hold the non-finite weights that made this loss),
+and so does an evaluation whose predictions are not finite;
 ``train.accept_nonfinite`` (``--accept-nonfinite``) trains on instead (metrics NaN / null).
 
 One trainer per run directory: :func:`recd.train.run.run_training` takes the directory's lock
@@ -364,19 +366,59 @@ class Trainer:
         return False
 
     def _diverged(self, step: int, loss: float) -> TrainingDivergedError:
-        """The error of a non-finite training loss at ``step``."""
-        resume = (
-            f"resume from the newest checkpoint in {self.config.checkpoint_dir} (the last "
-            "finite state) with a lower learning rate (optim.lr, optim.embedding_lr)"
-            if self.config.checkpoint.enabled
-            else "lower the learning rate (optim.lr, optim.embedding_lr)"
-        )
+        """The error of a non-finite training loss at ``step``: it names the checkpoint to
+        continue from, the newest whose weights and Adam state are all finite (a checkpoint
+        written after the update that spoilt the weights is not; its loss was still finite)."""
+        lower = "a lower learning rate (optim.lr, optim.embedding_lr)"
+        resume = f"start again with {lower}"
+        if self.config.checkpoint.enabled:
+            resume = self._continue_from(lower)
         return TrainingDivergedError(
             f"step {step}: the training loss is {loss} (not finite): training diverged and "
             f"stopped before recording or checkpointing this step (run "
             f"{self.config.train.run_dir}); {resume}, or pass --accept-nonfinite to train on "
             "regardless"
         )
+
+    def _continue_from(self, lower: str) -> str:
+        """Which checkpoint a diverged run continues from, and how (see :meth:`_diverged`)."""
+        from recd.checkpoint import check_checkpoint_finite, list_checkpoints
+        from recd.errors import CheckpointCorruptError, CheckpointError, CheckpointNonFiniteError
+
+        run_dir = self.config.checkpoint_dir
+        failed = ""
+        layout = None
+        if self.checkpointer is not None:
+            try:  # the write in flight: committed (or failed) before the scan
+                self.checkpointer.wait()
+            except CheckpointError as exc:
+                failed = f" (the checkpoint write in flight failed: {exc})"
+            try:
+                layout = self.checkpointer.layout
+            except CheckpointError:
+                layout = None
+        skipped: list[str] = []
+        for path in reversed(list_checkpoints(run_dir)):
+            try:
+                header = check_checkpoint_finite(path, layout)
+            except CheckpointNonFiniteError:
+                skipped.append(f"{path.name} (non-finite values)")
+                continue
+            except CheckpointCorruptError:
+                skipped.append(f"{path.name} (not valid)")
+                continue
+            newer = f"; a resume skips the newer {', '.join(skipped)}" if skipped else ""
+            return (
+                f"continue from {path} (step {header.step}: the newest checkpoint whose weights "
+                f"and Adam state are all finite{newer}){failed} with {lower}: recd pivot "
+                f"{run_dir} --config NEW.toml --from {header.step}"
+            )
+        if skipped:
+            return (
+                f"no checkpoint in {run_dir} can be continued from ({', '.join(skipped)})"
+                f"{failed}: start a new run with {lower}"
+            )
+        return f"no checkpoint was written in {run_dir}{failed}: start again with {lower}"
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> TrainResult:

@@ -63,6 +63,7 @@ from recd.checkpoint import (
     STATE_FILE,
     check_checkpoint_finite,
     checkpoint_path,
+    checksum_of_file,
     fork_run,
     list_checkpoints,
     newest_valid_checkpoint,
@@ -71,6 +72,7 @@ from recd.checkpoint import (
     read_loss_history,
     read_samples,
     read_state,
+    write_checksum,
 )
 from recd.checkpoint.format import region_byte_offset
 from recd.errors import CheckpointCorruptError, ConfigError
@@ -372,12 +374,14 @@ BIAS = "over_arch.model.1.bias"
 
 
 def put_nan(path: Path, region: str, tensor: str, element: int = 0) -> None:
-    """Overwrite one float of ``tensor`` in ``region`` with NaN, in place. The format has no
-    checksum: size and header stay valid, so only the finite check can catch it."""
+    """Overwrite one float of ``tensor`` in ``region`` with NaN, in place, and record the new
+    bytes' checksum, as a diverged run that wrote the NaN would have: size, header and
+    checksum stay valid, so only the finite check can catch it."""
     layout = read_layout(path.parent)
     with open(path, "r+b") as f:
         f.seek(region_byte_offset(region, layout.n_params, layout.offset_of(tensor) + element))
         f.write(np.array([np.nan], dtype="<f4").tobytes())
+    write_checksum(path, checksum_of_file(path))
 
 
 def recd_train(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -421,7 +425,7 @@ def test_accept_nonfinite_resumes_from_the_nan_checkpoint_and_trains_on(
     assert f"resumed from {newest} (step {N})" in done.stderr
     records = {r["step"]: r["loss"] for r in step_records(run_dir)}
     # Step 13's update spreads the NaN of v into the bias: step 14's loss is NaN.
-    assert isinstance(records[N + 1], float) and records[N + 2] == "NaN"
+    assert isinstance(records[N + 1], float) and records[N + 2] is None
     assert "predictions are NaN or infinite" in done.stderr  # the final evaluation
     audits = {a["step"]: a for a in (read_samples(run_dir) or {})["audits"]}
     assert audits[N + 2]["auc"] is None

@@ -252,7 +252,10 @@ def test_bad_input_never_replaces_the_existing_file(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="region sizes"):
         write_checkpoint(path, 100, iter([w]), iter([m, m[:1]]), v, layout=LAYOUT)
     assert path.read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000100.bin"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step_000100.bin",
+        "step_000100.bin.crc32",
+    ]
 
 
 # ----------------------------------------------------------------------------- atomic + listing
@@ -263,9 +266,11 @@ def test_temp_names_never_look_like_checkpoints_and_are_cleaned(tmp_path: Path) 
     tmp = temp_path_for(final)
     assert tmp.parent == tmp_path and tmp.name == f".step_000100.bin.tmp-{os.getpid()}"
     assert parse_checkpoint_step(tmp.name) is None
-    keep = [_write(tmp_path, 100), tmp_path / ".loss.json", tmp_path / "_layout.json"]
+    written = _write(tmp_path, 100)
+    keep = [written, tmp_path / ".loss.json", tmp_path / "_layout.json"]
     for p in keep[1:]:
         p.write_text("{}\n")
+    keep.append(tmp_path / "step_000100.bin.crc32")  # the checkpoint's checksum
     stray = [tmp, temp_path_for(tmp_path / ".state.json", "7"), temp_path_for(final, "job3-r0")]
     for p in stray:
         p.write_bytes(b"partial")

@@ -21,8 +21,10 @@ from recd.checkpoint import (
     check_checkpoint_finite,
     check_finite,
     checkpoint_path,
+    checksum_of_file,
     newest_valid_checkpoint,
     write_checkpoint,
+    write_checksum,
     write_layout,
 )
 from recd.checkpoint.format import region_byte_offset
@@ -48,11 +50,13 @@ def _write(run: Path, step: int) -> Path:
 
 
 def _poke(path: Path, region: str, element: int, value: float) -> None:
-    """Overwrite one float of ``region`` in place: size and header stay valid (the format has
-    no checksum), so only the finite check can tell."""
+    """Overwrite one float of ``region`` in place and record the new bytes' checksum, as a
+    trainer that wrote that value would have: size, header and checksum stay valid, so only
+    the finite check can tell."""
     with open(path, "r+b") as f:
         f.seek(region_byte_offset(region, LAYOUT.n_params, element))
         f.write(np.array([value], dtype="<f4").tobytes())
+    write_checksum(path, checksum_of_file(path))
 
 
 def test_finite_regions_pass_and_the_first_bad_value_is_named() -> None:
@@ -112,13 +116,13 @@ def test_ckpt_verify_reports_nonfinite_values(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     good, bad = _write(tmp_path, 1), _write(tmp_path, 2)
-    assert _verify([str(good)], capsys) == (0, f"ok    {good} (step 1)\n")
+    assert _verify([str(good)], capsys) == (0, f"ok    {good} (step 1, checksum ok)\n")
     _poke(bad, "adam_m", LAYOUT.offset_of("emb.t0", row=5), np.nan)
     code, out = _verify([str(tmp_path)], capsys)  # a run directory: newest first
     assert code == 1
     lines = out.splitlines()
     assert lines[0].startswith(f"FAIL  {bad}: non-finite value nan in adam_m of tensor 'emb.t0'")
-    assert "at index (5, 0)" in lines[0] and lines[1] == f"ok    {good} (step 1)"
+    assert "at index (5, 0)" in lines[0] and lines[1] == f"ok    {good} (step 1, checksum ok)"
     code, out = _verify([str(bad), "--json"], capsys)
     (report,) = json.loads(out)
     assert code == 1 and report["ok"] is False and "adam_m" in report["error"]

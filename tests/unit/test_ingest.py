@@ -344,6 +344,7 @@ def test_missing_column_and_bad_options(tmp_path: Path) -> None:
         ingest_events(src, tmp_path / "out", show_progress=False)
     with pytest.raises(ConfigError, match="ts_unit"):
         ingest_events(src, tmp_path / "out", ts_unit="days", show_progress=False)
+    (tmp_path / "events.txt").write_text(src.read_text())  # exists: then its suffix counts
     with pytest.raises(ConfigError, match="suffix"):
         ingest_events(tmp_path / "events.txt", tmp_path / "out", show_progress=False)
     with pytest.raises(BadLineError, match="integer session id"):

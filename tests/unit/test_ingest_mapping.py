@@ -196,14 +196,22 @@ def test_constant_label_is_one_logged_warning(
             show_progress=False,
         )
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert report.warnings == warnings
+    warnings = _not_dated(warnings)
     assert len(warnings) == 1 and "\n" not in warnings[0]
     assert warnings[0].startswith("label 'label' is 0 on all 4 samples")
     assert "--positive-events (buy)" in warnings[0]
-    assert report.warnings == warnings
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="recd.logs.ingest"):
         ingest_events(src, tmp_path / "out", mapping=MAPPING, show_progress=False)
-    assert not [r for r in caplog.records if r.levelno == logging.WARNING]  # both labels vary
+    logged = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert not _not_dated(logged)  # both labels vary
+
+
+def _not_dated(warnings: list[str]) -> list[str]:
+    """The warnings other than the one of a log dated before 1990 (CSV's times are small
+    numbers: January 1970)."""
+    return [w for w in warnings if not w.startswith("every timestamp")]
 
 
 def _big_csv(path: Path, rows: int, *, seed: int = 0) -> None:
@@ -321,4 +329,4 @@ def test_a_log_sparse_in_time_gets_one_line_suggesting_day_partitions(
     src.write_text(CSV)
     with caplog.at_level(logging.WARNING, logger="recd.logs.ingest"):
         ingest_events(src, tmp_path / "out2", mapping=MAPPING, show_progress=False)
-    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert not _not_dated([r.getMessage() for r in caplog.records if r.levelno == logging.WARNING])

@@ -65,7 +65,8 @@ def test_loss_log_is_strict_json_lines_one_entry_per_step(tmp_path: Path) -> Non
     records = [json.loads(line, parse_constant=pytest.fail) for line in lines]  # no NaN tokens
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6, 7]
     assert records[0] == {"step": 1, "loss": _loss(1), "lr": 0.001}
-    assert records[5]["loss"] == "NaN" and records[6]["loss"] == "Infinity"
+    assert records[5] == {"step": 6, "loss": None, "nonfinite": "NaN"}
+    assert records[6] == {"step": 7, "loss": None, "nonfinite": "Infinity"}
     history = read_loss_history(tmp_path)
     assert history.steps.tolist() == [1, 2, 3, 4, 5, 6, 7]
     assert history.losses[1] == _loss(2) and math.isnan(history.losses[5])
@@ -148,6 +149,47 @@ def test_replay_mismatch_can_warn_instead_and_nan_replays_match(
             assert losses.append(2, 0.25) is False
     assert "not bit-exact" in caplog.text
     assert read_loss_history(tmp_path).losses[1] == 0.5
+
+
+def test_a_non_finite_loss_is_null_with_its_kind_kept_for_the_replay_check(
+    tmp_path: Path,
+) -> None:
+    """``null`` as the README says for every JSON file; the kind beside it keeps a replay's
+    bitwise check (an infinity replayed as NaN is a mismatch); older files' strings still
+    read, and train.json's history has them as null again."""
+    with LossLog(tmp_path) as losses:
+        losses.append(1, 0.5)
+        losses.append(2, -math.inf, lr=0.1)
+    lines = (tmp_path / LOSS_FILE).read_text().splitlines()
+    assert lines[1] == '{"step":2,"loss":null,"nonfinite":"-Infinity","lr":0.1}'
+    history = read_loss_history(tmp_path)
+    assert history.loss_at(2) == -math.inf and history.records[1] == {
+        "step": 2,
+        "loss": -math.inf,
+        "lr": 0.1,
+    }
+    with LossLog(tmp_path) as losses:
+        assert losses.append(2, -math.inf) is False  # the same bits: a bit-exact replay
+        with pytest.raises(SidecarError, match=r"step 2: recorded loss -inf .* produced nan"):
+            losses.append(2, math.nan)
+        with pytest.raises(ValueError, match="'nonfinite'"):
+            losses.append(3, 0.25, nonfinite="x")
+    older = tmp_path / "older"
+    older.mkdir()
+    (older / LOSS_FILE).write_text(
+        '{"step":1,"loss":"NaN"}\n{"step":2,"loss":"Infinity"}\n{"step":3,"loss":null}\n'
+    )
+    old = read_loss_history(older)
+    assert math.isnan(old.losses[0]) and old.losses[1] == math.inf and math.isnan(old.losses[2])
+    from recd.train.history import json_safe, run_history
+
+    summary = run_history(
+        loss_dir=older, metrics_path=older / "none", first_step=0, losses=[], evals=[]
+    ).summary()
+    assert json.loads(json.dumps(json_safe(summary), allow_nan=False))["loss_first10_mean"] is None
+    (older / LOSS_FILE).write_text('{"step":1,"loss":null,"nonfinite":"big"}\n')
+    with pytest.raises(SidecarError, match="line 1: field 'nonfinite': expected one of NaN"):
+        read_loss_history(older)
 
 
 def test_a_branch_supersedes_later_entries_without_rewriting_them(tmp_path: Path) -> None:
@@ -274,8 +316,12 @@ def test_fork_copies_the_checkpoint_and_starts_its_own_history(
         STATE_FILE,
         "_layout.json",
         "step_000100.bin",
+        "step_000100.bin.crc32",
     ]
     assert (branch / "step_000100.bin").read_bytes() == source.read_bytes()
+    assert (branch / "step_000100.bin.crc32").read_bytes() == (
+        run / "step_000100.bin.crc32"
+    ).read_bytes()
     assert read_checkpoint(branch / "step_000100.bin", LAYOUT).step == 100
     origin = read_state(branch)["fork_origin"]  # type: ignore[index]
     assert origin["source"] == str(source.resolve()) and origin["sha256"] == out["sha256"]
