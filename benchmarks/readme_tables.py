@@ -12,6 +12,11 @@ sections = [
         "End to end: recd train with its reader, KJT on arrival order vs IKJT clustered",
         "train_e2e.png",
     ),
+    (
+        "accuracy",
+        "Data order and model quality: held-out NE by table order and shuffle",
+        "accuracy.png",
+    ),
     ("storage", "Storage: log-bus shards and tables (O1, O2)", None),
     ("storage_impressions", "Storage on the impressions profile", None),
     ("reader", "Readers: KJT vs IKJT, clustered vs unclustered (O3, O4), rm1-like", "reader.png"),

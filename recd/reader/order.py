@@ -12,7 +12,7 @@ table's units only:
 3. **Windows** (``rows`` and ``session`` only). A stream's rows are cut into windows of
    ``window_rows`` rows (``shuffle_window`` rounded up to whole batches), and the rows of each
    window are permuted (``window_order``): one by one for ``rows``, as whole sessions (runs
-   of equal ``session_id``) for ``session``. The generator is seeded by ``(seed, epoch,
+   of equal ids in ``session_column``) for ``session``. The generator is seeded by ``(seed, epoch,
    global stream, window)``. A window spans several row groups, drawn at random from the
    whole table by step 1, so a batch mixes rows of different hours and partitions.
 4. **Batches.** Each stream's rows (permuted windows, or units as they are) are cut into

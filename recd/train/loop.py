@@ -259,6 +259,12 @@ class Trainer:
         """Reader position minus step (constant through a run segment)."""
 
         self.catalogue, self.reader_config = prepare_reader(config, self.rank, self.world_size)
+        if self.rank == 0 and self.reader_config.shuffle == Shuffle.NONE:
+            log.warning(
+                "reader.shuffle = 'none': training batches follow the table's order (time, "
+                "or sessions); shuffle = 'rows' (plain KJT jobs) or 'session' (dedup groups) "
+                "mixes them (docs/accuracy.md)"
+            )
         self.loader = ResumableLoader(self.reader_config)
         if dist is not None and self.world_size > 1:
             # Every rank reads the snapshot rank 0 planned on (an ETL run may commit between

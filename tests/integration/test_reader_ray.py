@@ -87,7 +87,7 @@ def assert_same_batches(a: list, b: list) -> None:  # type: ignore[type-arg]
 @pytest.mark.parametrize("kind", ["kjt", "ikjt"])
 def test_batches_equal_the_local_readers(cluster: None, table: Path, kind: str) -> None:
     config = configs(table)[kind]
-    local = list(ResumableLoader(config))
+    local = list(ResumableLoader(dataclasses.replace(config, num_workers=0)))  # main process
     remote = ResumableLoader(on_ray(config))
     assert_same_batches(local, list(remote))
     assert_same_batches(local, list(remote))  # a finished loader starts over, on Ray too

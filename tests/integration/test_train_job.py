@@ -258,6 +258,22 @@ def test_hooks_see_every_step_and_can_stop(tmp_path: Path, table: Path) -> None:
     assert hook.seen == list(zip([1, 2, 3], result.losses, strict=True))
 
 
+def test_training_in_table_order_is_warned_about(
+    tmp_path: Path, table: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write_config(tmp_path / "job.toml", table, tmp_path / "run", kind="dlrm")
+    for shuffle, warned in (("none", True), ("rows", False)):
+        path.write_text(path.read_text().replace('shuffle = "session"', f'shuffle = "{shuffle}"'))
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="recd.train.loop"):
+            Trainer(load_train_config(path), show_progress=False).close()
+        said = [
+            r.getMessage() for r in caplog.records if "reader.shuffle = 'none'" in r.getMessage()
+        ]
+        assert bool(said) == warned, shuffle
+        path.write_text(path.read_text().replace(f'shuffle = "{shuffle}"', 'shuffle = "session"'))
+
+
 def test_training_stops_when_the_reader_runs_out(tmp_path: Path, table: Path) -> None:
     config = small_config(tmp_path, table, "short", steps=1000, num_epochs=1, eval_every=0)
     result = train(config)
