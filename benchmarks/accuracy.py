@@ -85,7 +85,9 @@ from benchmarks.train_e2e import (
     load_avg,
     mean_spread,
     propose_groups,
+    tempfile_dir,
     training_run,
+    write_results,
     write_toml,
 )
 from recd.stats import spread
@@ -665,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [p for p in args.profiles if p not in jobs]
     if unknown:
         raise SystemExit(f"unknown profile(s) {unknown}; known: {', '.join(jobs)}")
-    root = args.work_dir or Path(tempfile_dir())
+    root = args.work_dir or Path(tempfile_dir("recd-accuracy-"))
     began = time.perf_counter()
     profiles = {p: measure_profile(jobs[p], args, root / p) for p in args.profiles}
     shown_argv = sys.argv[1:] if argv is None else argv
@@ -693,18 +695,8 @@ def main(argv: list[str] | None = None) -> int:
         "profiles": profiles,
     }
     stem = args.name or ("accuracy_quick" if args.quick else "accuracy")
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
-    (args.out_dir / f"{stem}.md").write_text(markdown(result))
-    plot(result, args.out_dir / f"{stem}.png")
-    print(markdown(result))
+    write_results(args.out_dir, stem, result, markdown, plot)
     return 0
-
-
-def tempfile_dir() -> str:
-    import tempfile
-
-    return tempfile.mkdtemp(prefix="recd-accuracy-")
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -715,18 +716,30 @@ def main(argv: list[str] | None = None) -> int:
         "profiles": profiles,
     }
     stem = "train_e2e_quick" if args.quick else "train_e2e"
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
-    (args.out_dir / f"{stem}.md").write_text(markdown(result))
-    plot(result, args.out_dir / f"{stem}.png")
-    print(markdown(result))
+    write_results(args.out_dir, stem, result, markdown, plot)
     return 0
 
 
-def tempfile_dir() -> str:
+def write_results(
+    out_dir: Path,
+    stem: str,
+    result: dict[str, Any],
+    markdown: Callable[[dict[str, Any]], str],
+    plot: Callable[[dict[str, Any], Path], None],
+) -> None:
+    """``stem``.json, .md and .png in ``out_dir``; the Markdown printed too."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+    text = markdown(result)
+    (out_dir / f"{stem}.md").write_text(text)
+    plot(result, out_dir / f"{stem}.png")
+    print(text)
+
+
+def tempfile_dir(prefix: str = "recd-train-e2e-") -> str:
     import tempfile
 
-    return tempfile.mkdtemp(prefix="recd-train-e2e-")
+    return tempfile.mkdtemp(prefix=prefix)
 
 
 if __name__ == "__main__":

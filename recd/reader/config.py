@@ -169,8 +169,10 @@ class ReaderConfig:
     at ``ray_address``; recd.reader.ray_tier). The batches are the same."""
     ray_address: str | None = None
     """``engine = "ray"``: address of an existing Ray cluster (``ray://host:10001`` or
-    ``host:6379``); None: the cluster this process already joined, else a local one started
-    for the job."""
+    ``host:6379``); None: the cluster this process already joined, else one ``ray start``
+    left running on this machine, else a local one started for the job (its start and
+    teardown add seconds to the job: start a cluster once with ``ray start --head`` to reuse
+    it)."""
     ray_chunk_batches: int = 4
     """``engine = "ray"``: batches one Ray task builds (its unit of work and of retry)."""
     ray_memory_mb: int = 512

@@ -36,7 +36,9 @@ break the equality with the local reader and exact resume; building each rank's 
 dataset keeps both and still uses Ray Data's streaming executor, backpressure and retries.
 
 Ray is imported lazily (the ``ray`` extra); ``ray_address`` names an existing cluster, or
-None starts a local one for the job (or uses the one ``ray.init`` already started).
+None joins the one this process already joined, else a cluster ``ray start`` left running on
+this machine, else starts a local one for the job (whose start and stop add seconds to the
+job: the README's "Scaling the readers" gives the measured cost).
 """
 
 from __future__ import annotations
@@ -74,7 +76,9 @@ def ensure_ray(address: str | None) -> Any:
         ) from exc
     quiet = not log.isEnabledFor(logging.DEBUG)  # Ray's own INFO lines: with --verbose only
     if not ray.is_initialized():
-        log.info("ray: %s", f"connecting to {address}" if address else "starting a local cluster")
+        # None: Ray's own rule, the cluster `ray start` left running on this machine if there
+        # is one (no start-up to pay), else a new local one for the job
+        log.info("ray: %s", f"connecting to {address}" if address else "starting or joining")
         ray.init(
             address=address,
             include_dashboard=False,
