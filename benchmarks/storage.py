@@ -40,13 +40,21 @@ process, in an order drawn from ``random.Random("SEED/PROFILE")`` (``--order-see
 is in the JSON). A side's rows/s is rows read / in-process seconds from reading the shards to
 the last file written (interpreter start-up and imports excluded on both sides; dirty pages
 are written back with ``os.sync`` once before the runs). Reported: median and min-max of each
-side's rows/s; the ratio of the medians; the min-max of the paired per-round ratios. A failed
-repetition is counted and reported, never dropped silently. Every output is checked (untimed):
-rows, partitions, row groups, columns and whether sessions are clustered.
+side's rows/s; the ratio of the medians; the min-max of the paired per-round ratios. Beside
+every such per-row ratio, the whole-wall figure of the same runs (``KEY_whole_wall``, e.g.
+``etl_speed_vs_reference_whole_wall``): the other side's whole wall / recd's, where a whole
+wall is the child process's wall from spawn to exit (``wall_seconds_with_startup``), as the
+ratio of the medians and the min-max of the paired per-round ratios (> 1: recd is faster, as
+for rows/s); with each side's median whole wall (``whole_wall_seconds``) and start-up
+(``startup_seconds``: whole wall - in-process seconds, i.e. interpreter start-up, imports,
+set-up before the timer and exit). A failed repetition is counted and reported, never dropped
+silently. Every output is checked (untimed): rows, partitions, row groups, columns and whether
+sessions are clustered.
 
 Writes benchmarks/results/storage.json and storage.md (``--quick``: storage_quick.*). The
 headline keys at the JSON's top level are rm1-like's (``shard_compression_ratio``,
-``table_compression_ratio``, ``etl_speed_vs_reference``); ``profiles`` holds every profile's.
+``table_compression_ratio``, ``etl_speed_vs_reference`` and ``etl_speed_vs_reference_whole_wall``
+beside it); ``profiles`` holds every profile's.
 """
 
 from __future__ import annotations
@@ -113,6 +121,15 @@ RATIOS = {
     "etl_speed_vs_reference": REFERENCE,
     "etl_speed_vs_reference_global_sort": REFERENCE_GLOBAL,
 }
+SPEED_RATIOS = {
+    **{key: (RECD, side) for key, side in RATIOS.items()},
+    "dedup_layout_etl_speed_vs_plain": (RECD_DEDUP, RECD),
+}
+"""Each per-row speed ratio: (the side whose rows/s is divided, the side it is divided by)."""
+WHOLE_WALL = "_whole_wall"
+"""Suffix of the whole-wall figure beside each per-row ratio (``KEY_whole_wall``)."""
+WALL = "wall_seconds_with_startup"
+"""A run's whole wall: its child process from spawn to exit, start-up and imports included."""
 SORTS = {REFERENCE: "partition", REFERENCE_GLOBAL: "global"}
 CHILD_TIMEOUT_S = 3600
 # What a recd run's record keeps from its `recd etl --json` report.
@@ -333,7 +350,7 @@ def run_side(side: str, rep: int, setup: SpeedSetup) -> tuple[dict[str, Any], Pa
         argv = [sys.executable, str(Path(__file__).resolve()), "--reference-child", str(spec_path)]
     record: dict[str, Any] = {"side": side, "rep": rep, "load_avg_before": load_avg()}
     ok, wall_s, error = run_child(argv, setup.timeout_s)
-    record.update(ok=ok, wall_seconds_with_startup=wall_s)
+    record.update({"ok": ok, WALL: wall_s})
     if not ok:
         record["error"] = error
         return record, table
@@ -393,8 +410,9 @@ def interleaved_order(repetitions: int, sides: tuple[str, ...], seed: int | str)
 
 
 def ratio_summary(ours: dict[int, float], theirs: dict[int, float]) -> dict[str, Any]:
-    """Ratio of the medians of ``ours`` / ``theirs`` (rows/s by rep) and the min-max of the
-    paired ratios of the reps where both succeeded."""
+    """Ratio of the medians of ``ours`` / ``theirs`` (rows/s by rep; or whole-wall seconds
+    by rep with the sides swapped, see :func:`speed_ratios`) and the min-max of the paired
+    ratios of the reps where both succeeded."""
     paired = [ours[rep] / theirs[rep] for rep in sorted(ours) if rep in theirs]
     both = ours and theirs
     return {
@@ -428,22 +446,38 @@ def measure_speed(
         shutil.rmtree(table, ignore_errors=True)
         runs.append(record)
     load_after = load_avg()
-    sides = {side: side_summary([r for r in runs if r["side"] == side]) for side in SIDES}
-    compare_layouts(sides)
-    rates = {
-        s: {r["rep"]: r["rows_per_s"] for r in runs if r["side"] == s and r["ok"]} for s in SIDES
-    }
-    ratios = {key: ratio_summary(rates[RECD], rates[side]) for key, side in RATIOS.items()}
-    ratios["dedup_layout_etl_speed_vs_plain"] = ratio_summary(rates[RECD_DEDUP], rates[RECD])
     return {
         "order": order,
         "order_seed": order_seed,
         "load_avg_before": load_before,
         "load_avg_after": load_after,
-        "sides": sides,
-        "ratios": ratios,
+        **summarise_speed(runs),
         "runs": runs,
     }
+
+
+def summarise_speed(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """``sides``: each side's summary (:func:`side_summary`, layouts compared with recd's);
+    ``ratios``: the per-row and whole-wall ratios (:func:`speed_ratios`)."""
+    sides = {side: side_summary([r for r in runs if r["side"] == side]) for side in SIDES}
+    compare_layouts(sides)
+    return {"sides": sides, "ratios": speed_ratios(runs)}
+
+
+def speed_ratios(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every per-row speed ratio of :data:`SPEED_RATIOS` (rows/s over rows/s) and, beside
+    each (``KEY_whole_wall``), the whole-wall ratio of the same successful runs: the divisor
+    side's whole wall / the divided side's, so that > 1 means the divided side (recd) is
+    faster, as for rows/s."""
+
+    def by_rep(side: str, key: str) -> dict[int, float]:
+        return {r["rep"]: r[key] for r in runs if r["side"] == side and r["ok"]}
+
+    ratios: dict[str, dict[str, Any]] = {}
+    for key, (ours, theirs) in SPEED_RATIOS.items():
+        ratios[key] = ratio_summary(by_rep(ours, "rows_per_s"), by_rep(theirs, "rows_per_s"))
+        ratios[key + WHOLE_WALL] = ratio_summary(by_rep(theirs, WALL), by_rep(ours, WALL))
+    return ratios
 
 
 def side_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -453,6 +487,8 @@ def side_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "rows_per_s": spread([r["rows_per_s"] for r in good]),
         "seconds": spread([r["seconds"] for r in good]),
+        WALL: spread([r[WALL] for r in good]),
+        "startup_seconds": spread([r[WALL] - r["seconds"] for r in good]),
         "repetitions": len(runs),
         "failed_repetitions": len(runs) - len(good),
         "errors": [r["error"] for r in runs if not r["ok"]],
@@ -621,6 +657,9 @@ def profile_block(
     for key, ratio in ratios.items():
         block[key] = ratio["ratio_of_medians"]
         block[f"{key}_range"] = [ratio["paired_min"], ratio["paired_max"]]
+    # The whole walls of the runs the ratios above summarise, and their start-up (medians).
+    block["whole_wall_seconds"] = {side: sides[side][WALL]["median"] for side in SIDES}
+    block["startup_seconds"] = {side: sides[side]["startup_seconds"]["median"] for side in SIDES}
     ref_bytes = sides[REFERENCE]["bytes_out"]["median"]
     block["reference_bytes_ratio"] = (
         ref_bytes / bytes_clustered if ref_bytes and bytes_clustered else None
@@ -684,6 +723,10 @@ def speed_protocol(
         },
         "timing": "in-process seconds from reading the shards to the last file written; "
         "interpreter start-up and imports excluded (wall_seconds_with_startup per run)",
+        "whole_wall": "beside each per-row ratio KEY, KEY_whole_wall: the other side's "
+        "wall_seconds_with_startup (the child process from spawn to exit) / recd's, ratio of "
+        "the medians and min-max of the paired per-round ratios (> 1: recd faster); "
+        "startup_seconds = wall_seconds_with_startup - seconds",
         "nullability": "recd writes REQUIRED columns; DuckDB writes OPTIONAL ones from an "
         "Arrow scan (both reject null rows in validation)",
     }
@@ -705,6 +748,14 @@ def fmt_ratio(block: dict[str, Any], key: str) -> str:
         return "n/a"
     paired = "" if lo is None else f" ({lo:.2f}-{hi:.2f}x)"
     return f"**{value:.2f}x**{paired}"
+
+
+def fmt_walls(b: dict[str, Any], sides: tuple[str, ...]) -> str:
+    """Median whole wall (start-up in it) of each of ``sides``, joined by " / "."""
+    walls, startups = b["whole_wall_seconds"], b["startup_seconds"]
+    return " / ".join(
+        "n/a" if walls[s] is None else f"{walls[s]:.2f} s ({startups[s]:.2f} s)" for s in sides
+    )
 
 
 def fmt_bold_ratio(value: float | None) -> str:
@@ -773,15 +824,32 @@ def profile_rows(b: dict[str, Any]) -> list[tuple[str, str]]:
             "**dedup_layout_etl_speed_vs_plain** (ratio of medians; paired min-max)",
             fmt_ratio(b, "dedup_layout_etl_speed_vs_plain"),
         ),
+        (
+            "dedup_layout_etl_speed_vs_plain_whole_wall (plain's whole wall / dedup layout's)",
+            fmt_ratio(b, "dedup_layout_etl_speed_vs_plain_whole_wall").replace("**", ""),
+        ),
         ("DuckDB, same work: sort per hourly partition", fmt_rate(sides[REFERENCE])),
         (
             "**etl_speed_vs_reference** (ratio of medians; paired min-max)",
             fmt_ratio(b, "etl_speed_vs_reference"),
         ),
+        (
+            "**etl_speed_vs_reference_whole_wall** (DuckDB's whole wall / recd's: start-up "
+            "in; ratio of medians; paired min-max)",
+            fmt_ratio(b, "etl_speed_vs_reference_whole_wall"),
+        ),
         ("DuckDB, global ORDER BY (earlier reference)", fmt_rate(sides[REFERENCE_GLOBAL])),
         (
             "etl_speed_vs_reference_global_sort (secondary)",
             fmt_ratio(b, "etl_speed_vs_reference_global_sort").replace("**", ""),
+        ),
+        (
+            "etl_speed_vs_reference_global_sort_whole_wall (secondary; whole walls)",
+            fmt_ratio(b, "etl_speed_vs_reference_global_sort_whole_wall").replace("**", ""),
+        ),
+        (
+            "whole wall, median (start-up in it): recd / dedup layout / same work / global",
+            fmt_walls(b, SIDES),
         ),
         (
             "peak RSS: recd / DuckDB same work",
@@ -819,7 +887,10 @@ def markdown(result: dict[str, Any]) -> str:
         "written. Same work: the reference decodes and validates the same shards with recd's "
         "code on the same threads, then DuckDB writes the same hourly partitions (zstd level "
         f"{ZSTD_LEVEL}, row groups of {p['row_group_rows']:,}) with each partition sorted by "
-        "(session_id, ts, request_id). Load average (1 min) "
+        "(session_id, ts, request_id). Whole wall: each run's child process from spawn to "
+        "exit (interpreter start-up and imports included); a *_whole_wall ratio is the other "
+        "side's whole wall / recd's (> 1: recd faster), over the same runs as the rows/s ratio "
+        "above it; start-up = whole wall - in-process seconds. Load average (1 min) "
         f"{p['load_avg_before'][0]:.2f} before, {p['load_avg_after'][0]:.2f} after."
     )
     return f"Command: `{p['command']}`\n\n" + "\n".join(lines) + f"\n\n{note}\n"
