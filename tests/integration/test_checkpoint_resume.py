@@ -5,7 +5,7 @@ The reference is one never-stopped run of N = 12 steps that checkpoints after *e
 every k, its sample audit and its ``.state.json`` entry. Every other run uses the cadence
 EVERY = 5 and is compared byte for byte against it.
 
-Stop points: the issue's k in {1, 99, 100, 101, random} at cadence 100 maps to cadence 5 as
+Stop points: k in {1, 99, 100, 101, random} at cadence 100 maps to cadence 5 as
 k in {1, 4, 5, 6, random}: the first step, the step before a periodic checkpoint, the
 checkpoint step itself (the signal coincides with the periodic write), the step after it
 (a background write may still be in flight), and one random step (drawn per session; its
