@@ -171,3 +171,20 @@ def test_the_sidecar_is_committed_before_its_checkpoint_and_an_orphan_is_cleaned
         "step_000100.bin",
         "step_000100.bin.crc32",
     ]
+
+
+def test_a_copy_that_lands_damaged_is_caught_by_its_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``copy_checkpoint`` (fork) reads the copy back after committing it: bytes damaged on
+    the way to the disk fail its checksum even though the source was sound."""
+    source = _write(tmp_path / "src", 3)
+    real_commit = atomic_module.commit
+
+    def damaging_commit(tmp: Path, final: Path, **kwargs: object) -> Path:
+        _flip(Path(tmp), "adam_m")
+        return real_commit(tmp, final, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(atomic_module, "commit", damaging_commit)
+    with pytest.raises(CheckpointChecksumError):
+        copy_checkpoint(source, checkpoint_path(tmp_path / "copy", 3))

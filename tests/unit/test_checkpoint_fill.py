@@ -44,8 +44,10 @@ def test_two_threads_copy_every_piece_exactly_once() -> None:
 
 def test_no_pieces_is_complete_at_once() -> None:
     pieces = FillPieces([])
+    assert pieces.complete.is_set()
+    pieces.work(from_back=True)  # nothing to claim: returns at once
     pieces.finish()
-    pieces.work(from_back=True)
+    assert pieces.complete.is_set()
 
 
 def test_a_failed_copy_is_reported_and_stops_the_other_thread() -> None:

@@ -72,6 +72,13 @@ def test_success_is_deterministic_and_verify_catches_tampering(tmp_path: Path) -
     pq.write_table(pa.table({"x": [4]}), P0.path(tmp_path / "a") / "part-0000.parquet")
     with pytest.raises(CommitError, match="differs"):
         verify_partition(P0.path(tmp_path / "a"))
+    # The same size, one byte changed: only the sha256 tells.
+    path = P0.path(tmp_path / "b") / "part-0000.parquet"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(CommitError, match="differs"):
+        verify_partition(P0.path(tmp_path / "b"))
 
 
 def test_readers_ignore_partitions_without_success(tmp_path: Path) -> None:
