@@ -35,10 +35,11 @@ run: setup
 
 # --durations: the slowest tests at the end of every run, to keep the suite under ~15 min
 test: setup
-	$(PY) -m pytest -q tests --durations=20
+	$(PY) -m pytest -q tests --durations=25
 
 # the fast subset while you work: the unit tests (about a minute on 2 cores, no child processes
-# of recd train, no Spark); make test before you push
+# of recd train, no Spark); make test before you push (it prints the 25 slowest tests). Every
+# test carries its folder's marker: pytest -m unit, -m integration, -m distributed, -m "not slow"
 test-fast: setup
 	$(PY) -m pytest -q tests/unit -m "not slow"
 

@@ -15,6 +15,18 @@ os.environ.setdefault("RECD_PROGRESS", "0")
 torch.set_num_threads(1)
 
 
+_FOLDER_MARKERS = ("unit", "integration", "distributed")
+"""Each test carries the marker of its folder: ``-m unit``, ``-m "not integration"``, ..."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = item.path.parts
+        for name in _FOLDER_MARKERS:
+            if "tests" in parts and name in parts[parts.index("tests") :]:
+                item.add_marker(getattr(pytest.mark, name))
+
+
 @pytest.fixture(scope="session")
 def tiny_catalogue() -> Catalogue:
     return load_catalogue("tiny")
