@@ -61,7 +61,7 @@ previous protocol's at-scale guesses: 0.5 s steps, 60 s checkpoints, recovery co
 capture's measured cost relative to the optimizer step times a 5% optimizer share).
 
 Writes benchmarks/results/recovery.json and .md (``--quick``: recovery_quick.*); the
-Markdown starts with the headline (no title: the README puts it under its own heading).
+Markdown starts with the headline (no title: docs/benchmarks.md puts it under its own heading).
 """
 
 from __future__ import annotations
@@ -876,7 +876,7 @@ def _fmt_range(values: Sequence[float] | None, digits: int = 3) -> str:
 
 def markdown_lines(result: dict[str, Any]) -> list[str]:
     """The Markdown report: headline, spread per route, simulation table (no ``# `` title:
-    the README embeds it under its own heading)."""
+    docs/benchmarks.md embeds it under its own heading)."""
     proto = result["protocol"]
     lines = [
         f"recovery_time_ratio (survivor / restart-and-reload, same warm launcher, same job, "

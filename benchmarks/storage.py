@@ -870,7 +870,7 @@ def profile_rows(b: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    """The table (one column per profile) and its protocol; no heading line (the README
+    """The table (one column per profile) and its protocol; no heading line (docs/benchmarks.md
     embeds it under its own)."""
     blocks = [result["profiles"][p] for p in result["protocol"]["profiles"]]
     columns = [profile_rows(b) for b in blocks]

@@ -38,7 +38,7 @@ dataset keeps both and still uses Ray Data's streaming executor, backpressure an
 Ray is imported lazily (the ``ray`` extra); ``ray_address`` names an existing cluster, or
 None joins the one this process already joined, else a cluster ``ray start`` left running on
 this machine, else starts a local one for the job (whose start and stop add seconds to the
-job: the README's "Scaling the readers" gives the measured cost).
+job: docs/scaling.md gives the measured cost).
 """
 
 from __future__ import annotations
