@@ -68,6 +68,7 @@ from recd.schema import (  # noqa: E402
     check_schema,
     load_catalogue,
 )
+from tests.spark_session import light_local_spark, restore_pyspark_python  # noqa: E402
 
 try:  # tests/ is a package (tests/__init__.py) or pytest put tests/ itself on sys.path
     from tests.unit.etl_shards import (
@@ -101,27 +102,10 @@ def spark() -> Iterator[SparkSession]:
     PySpark starts its Python workers with $PYSPARK_PYTHON (read when the context starts), so
     it must name this interpreter (the one with recd installed), not python3 from PATH.
     """
-    saved = os.environ.get("PYSPARK_PYTHON")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (
-        SparkSession.builder.master("local[2,2]")
-        .appName("recd-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.driver.memory", "512m")
-        .config("spark.sql.catalogImplementation", "in-memory")
-        .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
+    session, saved = light_local_spark("local[2,2]", "recd-tests")
     yield session
     session.stop()
-    if saved is None:
-        os.environ.pop("PYSPARK_PYTHON", None)
-    else:
-        os.environ["PYSPARK_PYTHON"] = saved
+    restore_pyspark_python(saved)
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,7 @@ from recd.cli import main
 from recd.etl.iceberg import NAME_MAPPING_PROPERTY, live_data_files, load_table, snapshots
 from recd.etl.tables import committed_files
 from recd.schema import REQUEST_ID, Catalogue
+from tests.spark_session import light_local_spark, restore_pyspark_python
 
 try:  # tests/ is a package (tests/__init__.py) or pytest put tests/ itself on sys.path
     from tests.unit.etl_shards import MS_PER_HOUR, make_rows, write_shards
@@ -102,21 +103,11 @@ def spark_tables(shards: Path, writer: Path) -> Iterator[Path]:
     from pyspark.sql import SparkSession
 
     running = SparkSession.getActiveSession()
-    saved = os.environ.get("PYSPARK_PYTHON")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = running or (
-        SparkSession.builder.master("local[2]")
-        .appName("recd-tests-interop")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.driver.memory", "512m")
-        .config("spark.sql.catalogImplementation", "in-memory")
-        .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
+    if running is not None:
+        session, saved = running, os.environ.get("PYSPARK_PYTHON")
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+    else:
+        session, saved = light_local_spark("local[2]", "recd-tests-interop")
     try:
         for name, options in SPARK.items():
             cli(writer, "etl", "../shards", "--table", name, *options)  # the active session
@@ -124,10 +115,7 @@ def spark_tables(shards: Path, writer: Path) -> Iterator[Path]:
     finally:
         if running is None:
             session.stop()
-        if saved is None:
-            os.environ.pop("PYSPARK_PYTHON", None)
-        else:
-            os.environ["PYSPARK_PYTHON"] = saved
+        restore_pyspark_python(saved)
 
 
 def table_from_elsewhere(
