@@ -637,7 +637,7 @@ def raw_write_s(
     """Seconds to write ``size_bytes`` of ``image`` sequentially (64 MiB per call) and fsync,
     ``reps`` times: buffered, or ``O_DIRECT`` (the checkpoint writer's way, without its temp
     name, rename and directory fsync)."""
-    from recd.checkpoint.atomic import fsync_file
+    from recd.durable import fsync_file
     from recd.train.checkpointing import _write_image
 
     out = []

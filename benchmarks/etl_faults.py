@@ -12,7 +12,7 @@ starts in a child process and is SIGKILLed after a delay drawn uniformly from [0
 duration of an unkilled clustered run] (``random.Random(--seed)``). The child sleeps at the
 documented test hooks (``RECD_ETL_TEST_SHARD_DELAY_S`` after each shard pass,
 ``RECD_ETL_TEST_COMMIT_DELAY_S`` at the commit) so that kills land in every phase. After the
-kill, what a reader plans (``recd.etl.tables.committed_files``) is classified:
+kill, what a reader plans (``recd.table.snapshot.committed_files``) is classified:
 
 - ``old``: every visible partition is the baseline run's, all rows present;
 - ``new``: every visible partition is the clustered run's, all rows present;
@@ -46,13 +46,13 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from recd.etl.commit import COMMIT_DELAY_ENV  # noqa: E402
 from recd.etl.config import EtlConfig  # noqa: E402
 from recd.etl.local import SHARD_DELAY_ENV, run_etl  # noqa: E402
-from recd.etl.tables import committed_files  # noqa: E402
 from recd.logs.generate import generate_logs  # noqa: E402
 from recd.logs.shard import shard_logs  # noqa: E402
 from recd.schema import REQUEST_ID, SESSION_ID, load_catalogue  # noqa: E402
+from recd.table.hive import COMMIT_DELAY_ENV  # noqa: E402
+from recd.table.snapshot import committed_files  # noqa: E402
 
 CHILD = """
 import sys

@@ -78,8 +78,6 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recd.analyze import TableAnalysis, analyze_table
-from recd.etl.partitions import format_time_ms
-from recd.etl.tables import committed_files
 from recd.pipeline import reuse_or_build_tables
 from recd.reader import ReaderConfig, build_plan, keep_freed_memory
 from recd.reader.dataset import iter_tagged_batches
@@ -88,6 +86,8 @@ from recd.reader.plan import ReadPlan
 from recd.reader.stats import BatchTiming
 from recd.reader.transform import BatchTransform
 from recd.schema import Catalogue, SparseKind, load_catalogue
+from recd.table.partitions import format_time_ms
+from recd.table.snapshot import committed_files
 from recd.tensors.batch import Batch, SparseFeatures
 from recd.tensors.ikjt import kjt_equal
 

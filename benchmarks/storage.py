@@ -91,12 +91,12 @@ from recd.etl.validate import (
     decode_frame,
     iter_frames,
 )
-from recd.layout import GROUP_IDS_SUFFIX, GROUP_LENGTHS_SUFFIX
 from recd.logs.generate import generate_logs
 from recd.logs.rawlog import read_catalogue
 from recd.logs.shard import compare_sharding
 from recd.schema import REQUEST_ID, SESSION_ID, TS, load_catalogue
 from recd.stats import spread
+from recd.table.layout import GROUP_IDS_SUFFIX, GROUP_LENGTHS_SUFFIX
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROFILES = ("rm1-like", "clickstream", "impressions")

@@ -401,8 +401,8 @@ def holdout_start(table: Path, share: float) -> tuple[str, int]:
     (at least one partition left to train on), and their rows."""
     import pyarrow.parquet as pq
 
-    from recd.etl.partitions import format_time_ms
-    from recd.etl.tables import committed_files
+    from recd.table.partitions import format_time_ms
+    from recd.table.snapshot import committed_files
 
     parts = [
         (p.start_ms, sum(pq.ParquetFile(f).metadata.num_rows for f in files))

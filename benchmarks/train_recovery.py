@@ -7,7 +7,7 @@
 The job is the user's: ``recd train --nproc 2`` on the tiny profile's table (1000 sessions
 through the real generate -> shard -> ETL), a DLRM with its tables sharded row-wise over 2 CPU
 processes (gloo, one torch thread each), ``--steps`` steps, a checkpoint every
-``--checkpoint-every``. Every route runs under recd's launcher (:mod:`recd.train.agent`):
+``--checkpoint-every``. Every route runs under recd's launcher (:mod:`recd.recovery.agent`):
 
 - ``survivor`` (``--recovery survivor``): the survivor keeps its state, the warm spare
   (started with the group; the next one once the recovery is over, importing at idle

@@ -289,7 +289,7 @@ def prepare_tables(
 
 def partition_rows(table: Path) -> list[tuple[str, int]]:
     """``(ds/hour, rows)`` of every committed partition of ``table``, in time order."""
-    from recd.etl.tables import committed_files
+    from recd.table.snapshot import committed_files
 
     out = []
     for partition, files in committed_files(table).partitions:

@@ -611,7 +611,7 @@ def holdout_split(table: Path, hours: int) -> str:
     the first of its last ``hours`` hourly partitions, or of its last ``hours / 24`` daily
     ones. ConfigError when that leaves no partition to train on, or when a day-partitioned
     table is asked for hours that are not whole days."""
-    from recd.etl.partitions import format_time_ms, iter_partition_dirs
+    from recd.table.partitions import format_time_ms, iter_partition_dirs
 
     partitions = [p for p, _ in iter_partition_dirs(table)]
     unit = "hour" if not partitions else partitions[0].partition_by
@@ -825,12 +825,12 @@ def table_code_fingerprint() -> str:
     import hashlib
 
     import recd.etl.local
-    import recd.layout
     import recd.logs.generate
     import recd.logs.shard
+    import recd.table.layout
 
     h = hashlib.sha256()
-    for module in (recd.logs.generate, recd.logs.shard, recd.etl.local, recd.layout):
+    for module in (recd.logs.generate, recd.logs.shard, recd.etl.local, recd.table.layout):
         h.update(Path(str(module.__file__)).read_bytes())
     return h.hexdigest()[:16]
 

@@ -67,7 +67,6 @@ import pyarrow as pa
 import torch
 
 from recd.analyze.defaults import PAY_MARGIN
-from recd.layout_read import expand_stacked, read_stacked
 from recd.reader.config import SPARSE_PREPROCESS_KINDS, ReaderConfig
 from recd.reader.plan import ReadPlan, build_plan
 from recd.reader.stored_ops import split_preprocessing
@@ -76,6 +75,7 @@ from recd.reader.transform import build_preprocessing
 from recd.tensors.batch import SparseFeatures
 from recd.tensors.convert import FeatureSpec, convert_sparse
 from recd.tensors.preprocess import preprocess_sparse
+from recd.tensors.stacked import expand_stacked, read_stacked
 
 SAMPLE_BATCHES = 12
 """Full batches of the table timed (evenly spaced over the table), reader only."""

@@ -38,7 +38,7 @@ coincide on at least ``sync_threshold`` of the adjacent within-session row pairs
   ``PAY_MARGIN`` of the plain job (:func:`recd.analyze.costs.choose_groups`);
 * ``reader``: the same with the reader alone timed; a single feature of at most one id per row
   is then never proposed (a hash-table probe per row costs the reader more than the one id it
-  saves), unless the table stores it in the dedup layout (``recd.layout``: no hashing, its
+  saves), unless the table stores it in the dedup layout (``recd.table.layout``: no hashing, its
   timing decides);
 * ``factor``: the factor alone decides, as in the paper.
 
@@ -80,19 +80,19 @@ from recd.analyze.defaults import (
     Pricing,
 )
 from recd.errors import ConfigError, SchemaError
-from recd.etl.partitions import parse_time_ms
-from recd.etl.tables import committed_files
-from recd.layout import layout_of
-from recd.layout_read import read_plain
 from recd.progress import progress
 from recd.reader.stream import iter_stream_batches
 from recd.schema import CATALOGUE_METADATA_KEY, SESSION_ID, TS, Catalogue, catalogue_from_schema
+from recd.table.layout import layout_of
+from recd.table.partitions import parse_time_ms
+from recd.table.snapshot import committed_files
 from recd.tensors.jagged import (
     JaggedColumn,
     find_distinct_stacked,
     read_list_column,
     read_stacked_columns,
 )
+from recd.tensors.stacked import read_plain
 
 if TYPE_CHECKING:
     from recd.analyze.trainer_cost import TrainerStep

@@ -2,7 +2,7 @@
 
 - ``format``: the byte layout, ``ParamLayout`` (THE parameter order: the logical unsharded
   model's parameter-iterator order), the reader, ranged writes for distributed saves;
-- ``atomic``: temp file + fsync + rename + fsync dir, listing, fallback to the newest valid file,
+- ``atomic``: commit (through recd.durable), listing, fallback to the newest valid file,
   ``_layout.json``;
 - ``checksum``: ``step_NNNNNN.bin.crc32``, the CRC-32 of each part of a checkpoint, written
   before it and checked by every reader that loads weights;
@@ -27,7 +27,6 @@ from recd.checkpoint.atomic import (
     read_layout,
     read_layout_or_none,
     remove_checkpoint,
-    temp_path_for,
     write_checkpoint,
     write_checksum,
     write_layout,
@@ -152,7 +151,6 @@ __all__ = [
     "read_samples",
     "read_state",
     "remove_checkpoint",
-    "temp_path_for",
     "validate_checkpoint",
     "verify_checksum",
     "write_checkpoint",

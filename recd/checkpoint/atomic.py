@@ -25,14 +25,12 @@ and the reason.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import os
-import re
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -60,12 +58,16 @@ from recd.checkpoint.format import (
     validate_checkpoint,
     write_all,
 )
+from recd.durable import (
+    is_temp_name,
+    replace_durably,
+    temp_path_for,
+    write_json_atomic,
+)
 from recd.errors import CheckpointCorruptError
 
 log = logging.getLogger(__name__)
 
-TEMP_MARKER = ".tmp-"
-_TEMP_NAME_RE = re.compile(r"^\..+\.tmp-[A-Za-z0-9_.-]+$")
 LAYOUT_FILE = "_layout.json"
 """The ordered parameter names and shapes, written beside the checkpoints of a run."""
 
@@ -76,116 +78,6 @@ model never needs to be concatenated into one big copy."""
 
 
 # ----------------------------------------------------------------------------- primitives
-
-
-def temp_path_for(final_path: str | os.PathLike[str], tag: str | None = None) -> Path:
-    """``<dir>/.<name>.tmp-<tag>`` beside ``final_path``; ``tag`` defaults to this process id.
-
-    In a distributed save all ranks must write the same temp file: pick one tag for the job
-    (e.g. ``f"job{job_id}-step{step}"``) and pass it on every rank.
-    """
-    final = Path(final_path)
-    tag = str(os.getpid()) if tag is None else tag
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", tag):
-        raise ValueError(f"temp tag {tag!r}: use letters, digits, '_', '.', '-' only")
-    return final.parent / f".{final.name}{TEMP_MARKER}{tag}"
-
-
-def is_temp_name(name: str) -> bool:
-    """True for names ``temp_path_for`` produces (and only those)."""
-    return bool(_TEMP_NAME_RE.match(name))
-
-
-def fsync_directory(directory: str | os.PathLike[str]) -> None:
-    """fsync a directory so the renames and creations inside it are durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_file(path: str | os.PathLike[str]) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def replace_durably(tmp_path: str | os.PathLike[str], final_path: str | os.PathLike[str]) -> Path:
-    """fsync ``tmp_path``, rename it onto ``final_path``, fsync the directory."""
-    tmp, final = Path(tmp_path), Path(final_path)
-    if tmp.parent.resolve() != final.parent.resolve():
-        raise ValueError(f"{tmp} and {final} must be in the same directory for an atomic rename")
-    fsync_file(tmp)
-    os.replace(tmp, final)
-    fsync_directory(final.parent)
-    return final
-
-
-@contextlib.contextmanager
-def replacing(
-    path: str | os.PathLike[str], *, suffix: str = "", durable: bool = True
-) -> Iterator[Path]:
-    """Write a file whole or not at all: yields a temp path beside ``path`` (``suffix`` added
-    for writers that insist on one, e.g. ``.npz``); when the block ends normally the temp file
-    is renamed onto ``path``, else it is removed. ``durable``: fsync the file before the
-    rename and the directory after it (off for files that only coordinate live processes).
-    Every file recd writes for others to read goes through here."""
-    final = Path(path)
-    tmp = temp_path_for(final)
-    tmp = tmp.with_name(tmp.name + suffix)
-    try:
-        yield tmp
-        if durable:
-            fsync_file(tmp)
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
-    if durable:
-        fsync_directory(final.parent)
-
-
-def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, *, durable: bool = True) -> Path:
-    """Replace ``path`` with ``data`` atomically (and durably, see :func:`replacing`)."""
-    with replacing(path, durable=durable) as tmp:
-        tmp.write_bytes(data)
-    return Path(path)
-
-
-def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:
-    """Replace ``path`` with ``obj`` as JSON (strict: no NaN) atomically and durably."""
-    text = json.dumps(obj, indent=1, allow_nan=False, sort_keys=False) + "\n"
-    return write_bytes_atomic(path, text.encode())
-
-
-def sha256_file(path: str | os.PathLike[str], *, chunk_bytes: int = 16 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(chunk_bytes):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def copy_file_atomic(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> str:
-    """Copy ``src`` to ``dst`` atomically and durably; returns the sha256 of the bytes copied."""
-    final = Path(dst)
-    tmp = temp_path_for(final)
-    digest = hashlib.sha256()
-    try:
-        with open(src, "rb") as fin, open(tmp, "wb") as fout:
-            while chunk := fin.read(16 << 20):
-                digest.update(chunk)
-                fout.write(chunk)
-            fout.flush()
-            os.fsync(fout.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_directory(final.parent)
-    return digest.hexdigest()
 
 
 # ----------------------------------------------------------------------------- checkpoints

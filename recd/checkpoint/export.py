@@ -21,9 +21,9 @@ from typing import Literal
 import numpy as np
 import torch
 
-from recd.checkpoint.atomic import replacing
 from recd.checkpoint.checksum import verify_checksum
 from recd.checkpoint.format import ParamLayout, read_checkpoint
+from recd.durable import replacing
 from recd.errors import ConfigError
 
 __all__ = ["EXPORT_FORMATS", "ExportReport", "export_checkpoint"]

@@ -75,15 +75,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from recd.checkpoint.atomic import (
-    LAYOUT_FILE,
-    copy_checkpoint,
-    copy_file_atomic,
-    fsync_directory,
-    read_layout_or_none,
-    write_json_atomic,
-)
+from recd.checkpoint.atomic import LAYOUT_FILE, copy_checkpoint, read_layout_or_none
 from recd.checkpoint.format import checkpoint_filename, validate_checkpoint
+from recd.durable import copy_file_atomic, fsync_directory, write_json_atomic
 from recd.errors import CheckpointError, SidecarError
 
 log = logging.getLogger(__name__)

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str] | None) -> int:
-    from recd.train.spare import is_spare, wait_as_spare
+    from recd.recovery.spare import is_spare, wait_as_spare
 
     if is_spare():  # before the parser imports every command (the spare imports them itself)
         wait_as_spare()  # returns as the replacement of the rank it was assigned

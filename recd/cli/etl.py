@@ -15,8 +15,8 @@ from recd.etl.config import (
     EtlConfig,
 )
 from recd.etl.local import run_etl
-from recd.etl.partitions import PARTITION_BY
-from recd.layout import LAYOUTS
+from recd.table.layout import LAYOUTS
+from recd.table.partitions import PARTITION_BY
 
 
 def register(sub: argparse._SubParsersAction) -> None:

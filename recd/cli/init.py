@@ -72,7 +72,7 @@ def copy_pipeline(
     """Copy ``shipped``'s files (and with ``example_events`` its example event log) into
     ``target``; returns the files written. Nothing is written if one of them exists and
     ``force`` is false, or if one exists and is no regular file."""
-    from recd.checkpoint.atomic import replacing, write_bytes_atomic
+    from recd.durable import replacing, write_bytes_atomic
     from recd.logs.example_events import write_example_events
 
     if target.exists() and not target.is_dir():

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from recd.checkpoint.atomic import write_bytes_atomic
+from recd.durable import write_bytes_atomic
 from recd.train.history import json_safe
 
 STDOUT = "-"

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from recd.cli.output import add_json_option, emit
-from recd.etl.commit import lock_table
-from recd.etl.iceberg import expire_snapshots, snapshots
-from recd.etl.migrate import migrate_to_iceberg
-from recd.etl.tables import committed_files, existing_partition_by, table_format
+from recd.table.hive import lock_table
+from recd.table.iceberg import expire_snapshots, snapshots
+from recd.table.migrate import migrate_to_iceberg
+from recd.table.snapshot import committed_files, existing_partition_by, table_format
 
 
 def register(sub: argparse._SubParsersAction) -> None:

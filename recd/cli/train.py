@@ -194,7 +194,7 @@ def run_train(args: argparse.Namespace) -> int:
             raise ConfigError(
                 f"--recovery {recovery}: needs --nproc N > 1 on one machine (--nnodes 1)"
             )
-        from recd.train.agent import AgentConfig, run_agent
+        from recd.recovery.agent import AgentConfig, run_agent
 
         with _launcher_owns(config, True):
             return run_agent(

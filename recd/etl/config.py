@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from recd.errors import ConfigError
-from recd.etl.partitions import MS_PER_HOUR, PARTITION_BY, format_time_ms, parse_time_ms
-from recd.layout import LAYOUTS
 from recd.schema import Catalogue
+from recd.table.layout import LAYOUTS
+from recd.table.partitions import MS_PER_HOUR, PARTITION_BY, format_time_ms, parse_time_ms
 
 ENGINES = ("local", "spark")
 TABLE_FORMATS = ("iceberg", "hive")
@@ -67,16 +67,16 @@ class EtlConfig:
     """Spark master URL for ``engine="spark"`` (None: the Spark engine's default, local mode)."""
     layout: str = "plain"
     """``plain``: every row's lists stored in full. ``dedup``: each session's repeated and
-    sliding sparse values stored once (``recd.layout``; docs/layout.md); recd's readers build
+    sliding sparse values stored once (``recd.table.layout``; docs/layout.md); recd's readers build
     IKJTs from it without hashing."""
     dedup_features: list[str] | None = None
     """Sparse features the ``dedup`` layout encodes. None: those storing at most
-    ``recd.layout.MAX_STORED_FRACTION`` of their ids on the ETL's sample whose encoded columns
+    ``recd.table.layout.MAX_STORED_FRACTION`` of their ids on the ETL's sample whose encoded columns
     take at most ``MAX_SIZE_RATIO`` times the plain column's bytes there (features changing
     on the same rows decided together; see docs/layout.md)."""
     table_format: str | None = None
     """``iceberg`` (one Iceberg snapshot per run: the run becomes visible all at once or not
-    at all; recd.etl.iceberg) or ``hive`` (each hour's directory commits on its own). None: the
+    at all; recd.table.iceberg) or ``hive`` (each hour's directory commits on its own). None: the
     table's own format, ``iceberg`` for a new table. See docs/tables.md."""
     catalog: str | None = None
     """Iceberg: the pyiceberg catalog to register a new table in (a name configured in
@@ -178,7 +178,7 @@ class EtlReport:
     """Of ``encoded_features``, those stored together (they change on the same rows)."""
     stored_id_fraction: dict[str, float] = field(default_factory=dict)
     """Dedup layout: stored ids / ids of each candidate feature, measured on the encoding
-    sample (the default encodes those at or below ``recd.layout.MAX_STORED_FRACTION``)."""
+    sample (the default encodes those at or below ``recd.table.layout.MAX_STORED_FRACTION``)."""
     rows_read: int = 0
     """Rows decoded from the shards (every row of every readable block)."""
     rows_outside_window: int = 0

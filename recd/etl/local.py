@@ -14,7 +14,7 @@ partition::
                                                concatenate their list columns on every call)
             append each hour's rows to its    TABLE/_tmp-<run>/ds=D/hour=HH/part-NNNNN.parquet
             partition's open file             (PartitionWriter: full row groups, rolled files)
-    close every file, commit every partition  (recd.etl.commit: _SUCCESS, rename into place)
+    close every file, commit every partition  (recd.table.hive: _SUCCESS, rename into place)
 
 Few, large files (the small-files problem). A partition gets rows from every shard; writing one
 file per (shard, pass, partition) made thousands of files of a few hundred rows, whose footers
@@ -90,12 +90,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recd.errors import ConfigError, SchemaError, StorageError
-from recd.etl.commit import (
-    QUARANTINE_DIR,
-    lock_table,
-    new_run_id,
-    staging_dir,
-)
 from recd.etl.config import EtlConfig, EtlReport, window_of
 from recd.etl.encodings import (
     SAMPLE_MAX_BYTES,
@@ -104,10 +98,8 @@ from recd.etl.encodings import (
     plan_encodings,
     smallest_bytes,
 )
-from recd.etl.iceberg import is_iceberg_table, load_table
 from recd.etl.inputs import list_shards, output_order
-from recd.etl.partitions import Partition, unit_ids
-from recd.etl.tables import commit_and_report, prepare_table, refuse_foreign_table, table_format
+from recd.etl.tables import commit_and_report, prepare_table, refuse_foreign_table
 from recd.etl.validate import (
     BlockValidator,
     Frame,
@@ -116,7 +108,18 @@ from recd.etl.validate import (
     frame_content_sizes,
     iter_frames,
 )
-from recd.layout import (
+from recd.logs.hashing import splitmix64
+from recd.logs.rawlog import MANIFEST_FILE, read_catalogue
+from recd.progress import peak_rss_bytes, progress_bar
+from recd.schema import SESSION_ID, TS, Catalogue, as_table_schema, strict_schema
+from recd.table.hive import (
+    QUARANTINE_DIR,
+    lock_table,
+    new_run_id,
+    staging_dir,
+)
+from recd.table.iceberg import is_iceberg_table, load_table
+from recd.table.layout import (
     PLAIN,
     Layout,
     choose_encoded,
@@ -124,10 +127,8 @@ from recd.layout import (
     encode_row_group,
     statistics_columns,
 )
-from recd.logs.hashing import splitmix64
-from recd.logs.rawlog import MANIFEST_FILE, read_catalogue
-from recd.progress import peak_rss_bytes, progress_bar
-from recd.schema import SESSION_ID, TS, Catalogue, as_table_schema, strict_schema
+from recd.table.partitions import Partition, unit_ids
+from recd.table.snapshot import table_format
 from recd.writable import DISK_FULL_ERRNOS, NOT_WRITABLE_ERRNOS, os_error_reason, storage_error
 
 log = logging.getLogger(__name__)
@@ -341,7 +342,7 @@ def take_partitions(
 ) -> list[tuple[Partition, pa.Table]]:
     """``table``'s rows in output ``order``, one fresh table per partition, by partition.
 
-    ``hours``: the partition unit id (``recd.etl.partitions.unit_ids`` of ``partition_by``)
+    ``hours``: the partition unit id (``recd.table.partitions.unit_ids`` of ``partition_by``)
     of every row of ``table`` (N,); ``order`` sorts by it first.
     ``table`` should be contiguous (one chunk per column): a ``take`` from a chunked table
     concatenates its list columns anew on every call.
@@ -516,7 +517,7 @@ class PartitionWriter:
         self.schema = schema  # the catalogue's, metadata included
         self.strict_schema = strict_schema(schema)  # no nulls reach a table (recd.etl.validate)
         self.layout = layout
-        """The dedup layout's features and groups (recd.layout), each row group encoded alone."""
+        """The dedup layout's features and groups (recd.table.layout), each row group encoded alone."""
         self.file_schema = (
             dedup_schema(self.strict_schema, layout.encoded, layout.groups)
             if layout.encoded

@@ -15,7 +15,7 @@ spread over a Spark cluster::
                                    ts, request_id, _seq)
     stage 2   sink "recd_table": each task streams its sorted rows into one zstd Parquet file
               per hour, TABLE/_tmp-<run>/ds=D/hour=HH/part-NNNNN.parquet, written by pyarrow
-    driver    commit every staged partition with recd.etl.commit (_SUCCESS, rename)
+    driver    commit every staged partition with recd.table.hive (_SUCCESS, rename)
 
 A session lives in exactly one shuffle partition, so each session's rows of an hour are
 contiguous and ts-sorted in exactly one file, as with the local engine. Rows with equal keys
@@ -134,15 +134,8 @@ from pyspark.sql.types import (
 )
 
 import recd.errors
-from recd.checkpoint.atomic import write_bytes_atomic
+from recd.durable import write_bytes_atomic
 from recd.errors import BadRowError, ConfigError, RecdError, SchemaError
-from recd.etl.commit import (
-    QUARANTINE_DIR,
-    data_files,
-    lock_table,
-    new_run_id,
-    staging_dir,
-)
 from recd.etl.config import EtlConfig, EtlReport, window_of
 from recd.etl.encodings import (
     SAMPLE_MAX_BYTES,
@@ -153,7 +146,6 @@ from recd.etl.encodings import (
     smallest_bytes,
 )
 from recd.etl.inputs import CLUSTER_KEYS, list_shards, output_order
-from recd.etl.partitions import PARTITION_BY, Partition, parse_partition_relpath, unit_ids
 from recd.etl.tables import commit_and_report, prepare_table
 from recd.etl.validate import (
     FRAME_HEADER_BYTES,
@@ -163,7 +155,17 @@ from recd.etl.validate import (
     Quarantine,
     decode_frame,
 )
-from recd.layout import (
+from recd.logs.rawlog import read_catalogue
+from recd.progress import peak_rss_bytes
+from recd.schema import SESSION_ID, TS, Catalogue
+from recd.table.hive import (
+    QUARANTINE_DIR,
+    data_files,
+    lock_table,
+    new_run_id,
+    staging_dir,
+)
+from recd.table.layout import (
     PLAIN,
     Layout,
     choose_encoded,
@@ -171,9 +173,7 @@ from recd.layout import (
     encode_row_group,
     statistics_columns,
 )
-from recd.logs.rawlog import read_catalogue
-from recd.progress import peak_rss_bytes
-from recd.schema import SESSION_ID, TS, Catalogue
+from recd.table.partitions import PARTITION_BY, Partition, parse_partition_relpath, unit_ids
 
 log = logging.getLogger(__name__)
 
@@ -355,9 +355,9 @@ class SparkJob:
     writer_options: dict[str, Any] = field(default_factory=dict)
     """``use_dictionary`` / ``column_encoding`` from the encoding plan (same for every file)."""
     encoded: list[str] = field(default_factory=list)
-    """Features written in the dedup layout (recd.layout), each row group encoded alone."""
+    """Features written in the dedup layout (recd.table.layout), each row group encoded alone."""
     groups: list[list[str]] = field(default_factory=list)
-    """Of ``encoded``, those stored together (``recd.layout.Layout.groups``)."""
+    """Of ``encoded``, those stored together (``recd.table.layout.Layout.groups``)."""
     fail_once_dir: str | None = None
     """Test hook (FAIL_ONCE_ENV); None in normal runs."""
     partition_by: str = "hour"

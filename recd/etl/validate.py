@@ -35,8 +35,8 @@ import pyarrow.parquet as pq
 import zstandard
 
 from recd.errors import BadRowError, SchemaError
-from recd.etl.partitions import TS_MAX_MS, TS_MIN_MS, format_time_ms, window_mask
 from recd.schema import REQUEST_ID, SESSION_ID, TS, Catalogue
+from recd.table.partitions import TS_MAX_MS, TS_MIN_MS, format_time_ms, window_mask
 
 FRAME_HEADER_BYTES = 8  # little-endian uint64 length prefix (recd.logs.rawlog.write_frame)
 ZSTD_MAX_FRAME_HEADER_BYTES = 18

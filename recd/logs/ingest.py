@@ -124,6 +124,7 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from recd.durable import replace_dir_atomically
 from recd.errors import BadLineError, ConfigError, NoEventsError, SchemaError
 from recd.logs import rawlog
 from recd.logs.hashing import hash_strings
@@ -169,7 +170,6 @@ from recd.logs.ingest_values import (
     quote,
     shorten,
 )
-from recd.logs.shard import replace_dir_atomically
 from recd.progress import progress_bar
 
 __all__ = [

@@ -28,14 +28,9 @@ beside it, which is renamed into place once complete.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
-import shutil
 import time
-import uuid
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +41,7 @@ import pyarrow.compute as pc
 import zstandard
 from tqdm import tqdm
 
+from recd.durable import replace_dir_atomically
 from recd.errors import ConfigError
 from recd.logs import rawlog
 from recd.logs.hashing import shard_of
@@ -398,28 +394,3 @@ def _check_options(*, key: str, num_shards: int, block_bytes: int, zstd_level: i
     lo, hi = ZSTD_MIN_LEVEL, zstandard.MAX_COMPRESSION_LEVEL
     if not lo <= zstd_level <= hi:
         raise ConfigError(f"zstd_level must be in [{lo}, {hi}], got {zstd_level}")
-
-
-@contextlib.contextmanager
-def replace_dir_atomically(out_dir: Path) -> Iterator[Path]:
-    """Yield a fresh temporary directory beside ``out_dir``; on success it replaces ``out_dir``.
-
-    The new tree becomes visible with one rename; an old ``out_dir`` is first renamed aside and
-    then deleted, so readers see either the old or the new complete tree, never a mix. On error
-    the temporary directory is removed and ``out_dir`` is left untouched.
-    """
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{tag}"
-    tmp.mkdir()
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = out_dir.parent / f".{out_dir.name}.old-{tag}"
-    if out_dir.exists():
-        out_dir.rename(old)
-    tmp.rename(out_dir)
-    shutil.rmtree(old, ignore_errors=True)

@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from recd.config_types import typed_values
 from recd.errors import ConfigError
-from recd.etl.partitions import parse_time_ms
+from recd.table.partitions import parse_time_ms
 
 # Preprocessing kinds a spec may name, and the keys each one requires besides "kind".
 PREPROCESS_KINDS: dict[str, tuple[str, ...]] = {

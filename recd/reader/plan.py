@@ -6,7 +6,7 @@ partitions, validated against the config, then pickled to the DataLoader workers
 * **Units.** One unit per non-empty (file, row group), listed in table order: partitions by
   (ds, hour), files by name, row groups by index. Only committed files count: those of one
   Iceberg snapshot (``config.snapshot``, or the current one, which the plan's config records),
-  or of a Hive-layout table's partitions holding ``_SUCCESS`` (recd.etl.tables).
+  or of a Hive-layout table's partitions holding ``_SUCCESS`` (recd.table.snapshot).
 * **Order per epoch.** ``recd.reader.order``: the units are ordered per ``shuffle`` with a
   generator seeded by ``(seed, epoch)``, dealt round-robin over the job's ``world_size x
   streams`` streams, and (``rows``, ``session``) permuted inside windows of rows. Every unit,
@@ -31,9 +31,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recd.errors import ConfigError, SchemaError
-from recd.etl.tables import committed_files
-from recd.layout import PLAIN, Layout, layout_of
-from recd.layout_read import STACKED_COLUMNS
 from recd.reader.config import SPARSE_PREPROCESS_KINDS, ReaderConfig, Shuffle
 from recd.reader.infer import infer_catalogue, with_history_features
 from recd.reader.order import order_units
@@ -43,6 +40,9 @@ from recd.schema import (
     catalogue_from_schema,
     nullable_type,
 )
+from recd.table.layout import PLAIN, Layout, layout_of
+from recd.table.snapshot import committed_files
+from recd.tensors.stacked import STACKED_COLUMNS
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +62,9 @@ class WorkUnit:
     read_bytes: int
     """Compressed bytes of the projected column chunks: what reading the unit costs."""
     encoded: tuple[str, ...] = ()
-    """Sparse features read that the file stores in the dedup layout (``recd.layout``)."""
+    """Sparse features read that the file stores in the dedup layout (``recd.table.layout``)."""
     groups: tuple[tuple[str, ...], ...] = ()
-    """The file's groups (whole) holding some of ``encoded`` (``recd.layout.Layout.groups``)."""
+    """The file's groups (whole) holding some of ``encoded`` (``recd.table.layout.Layout.groups``)."""
 
     @property
     def layout(self) -> Layout:
@@ -106,7 +106,7 @@ class ReadPlan:
     """All units, in table order."""
     encoded: list[str] = dataclasses.field(default_factory=list)
     """Sparse features some file stores in the dedup layout: every unit, plain units
-    included, reads them stacked (``recd.layout_read``), preprocessed on their stored ids;
+    included, reads them stacked (``recd.tensors.stacked``), preprocessed on their stored ids;
     batches carry the members of hash-free groups stacked (``stacked``), the rest plain."""
 
     @property
@@ -114,7 +114,7 @@ class ReadPlan:
         """The encoded features batches carry stacked: the members of the dedup groups whose
         features are all encoded (their IKJTs come from the positions, without hashing). The
         other encoded features are gathered to plain rows once per unit
-        (``recd.layout_read.expand_stacked``)."""
+        (``recd.tensors.stacked.expand_stacked``)."""
         encoded = set(self.encoded)
         members = {f for g in self.config.dedup_sparse_features if encoded.issuperset(g) for f in g}
         return [f for f in self.encoded if f in members]

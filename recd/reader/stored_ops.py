@@ -1,8 +1,8 @@
 """Sparse preprocessing on the dedup layout's stored ids, once per row group (RecD O4 at rest).
 
-A feature the table stores in the dedup layout (``recd.layout``) reaches the reader as one id
+A feature the table stores in the dedup layout (``recd.table.layout``) reaches the reader as one id
 buffer per unit (row group) plus each row's (start, length) into it
-(``recd.layout_read.stack_unit``): a repeated list or a sliding history is stored, and so
+(``recd.tensors.stacked.stack_unit``): a repeated list or a sliding history is stored, and so
 held in memory, once. The sparse preprocessing kinds commute with the gather that later builds
 a batch's lists from those positions:
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from recd.layout_read import StoredOps
+from recd.tensors.stacked import StoredOps
 
 __all__ = ["STORED_KINDS", "StoredOps", "split_preprocessing"]
 

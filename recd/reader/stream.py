@@ -18,7 +18,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from recd.errors import BadRowError, SchemaError
-from recd.layout_read import IDS, combine_stacked, stack_unit, take_rows
 from recd.logs.hashing import hash_strings
 from recd.reader.config import Shuffle
 from recd.reader.order import next_stream, window_order
@@ -26,6 +25,7 @@ from recd.reader.plan import ReadPlan, WorkUnit, locate
 from recd.reader.stored_ops import split_preprocessing
 from recd.schema import strict_type
 from recd.tensors.jagged import SPARSE_TYPE
+from recd.tensors.stacked import IDS, combine_stacked, stack_unit, take_rows
 
 INT64_MAX = np.iinfo(np.int64).max
 SESSION_KEY = "__recd_session"
@@ -88,7 +88,7 @@ class UnitReader:
 
     def read(self, unit: WorkUnit) -> pa.Table:
         """The unit's rows: projected, checked, canonical types; the plan's stacked features
-        in their in-memory dedup form (``recd.layout``), its other encoded features as plain
+        in their in-memory dedup form (``recd.table.layout``), its other encoded features as plain
         rows, the sparse preprocessing of both applied to the stored ids. The batch columns
         (``plan.batch_columns``), after the session ids (``SESSION_KEY``) for the ``session``
         shuffle."""

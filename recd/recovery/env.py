@@ -1,7 +1,7 @@
 """The environment variables of survivor recovery: how ``recd train --recovery survivor``'s
-launcher (:mod:`recd.train.agent`) tells a worker, a warm spare and a replacement what they
+launcher (:mod:`recd.recovery.agent`) tells a worker, a warm spare and a replacement what they
 are. Names only, no imports: a warm spare reads them before it has imported torch
-(:mod:`recd.train.spare`).
+(:mod:`recd.recovery.spare`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Survivor recovery inside ``recd train --nproc N --recovery survivor``: the workers' side.
 
-The launcher (:mod:`recd.train.agent`) starts the workers, watches them and, when one dies,
+The launcher (:mod:`recd.recovery.agent`) starts the workers, watches them and, when one dies,
 publishes a failure notice in its store and starts a replacement for the dead rank. The
 survivors do not stop:
 

@@ -66,7 +66,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from recd.checkpoint.atomic import replacing, write_bytes_atomic
+from recd.durable import replacing, write_bytes_atomic
 from recd.errors import RecoveryError
 from recd.recovery.undo import UndoRecord, UndoResult, undo_step
 

@@ -19,7 +19,6 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recd.errors import ConfigError, SchemaError
-from recd.layout_read import Stacked, changed_rows, gather, read_stacked
 from recd.schema import Catalogue
 from recd.tensors.batch import Batch, SparseFeatures
 from recd.tensors.ikjt import InverseKeyedJaggedTensor
@@ -37,6 +36,7 @@ from recd.tensors.jagged import (
     stack_columns,
     take_rows,
 )
+from recd.tensors.stacked import Stacked, changed_rows, gather, read_stacked
 
 __all__ = [
     "FeatureSpec",
@@ -167,7 +167,7 @@ def convert_sparse(
 ) -> SparseFeatures:
     """Sparse columns -> a plain KJT (features in no group) + one IKJT per dedup group.
 
-    Features a batch holds stacked (the dedup layout, ``recd.layout_read``) are gathered
+    Features a batch holds stacked (the dedup layout, ``recd.tensors.stacked``) are gathered
     without hashing: all of the plain KJT's at once, and a group's distinct rows from their
     stored positions when every key of the group is stacked.
     """

@@ -38,8 +38,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recd.errors import SchemaError
-from recd.layout import range_index
-from recd.layout_read import Stacked, gather, read_stacked
+from recd.table.layout import range_index
+from recd.tensors.stacked import Stacked, gather, read_stacked
 
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -165,7 +165,7 @@ def read_stacked_columns(
     operations per column. Anything else (another type, a null, an overflow) takes the
     per-column path, which converts what can be converted and raises what
     ``read_list_column`` raises, naming the column and row. Features a batch holds stacked
-    (the dedup layout, ``recd.layout_read``; ``stacked``: already read) are gathered to their
+    (the dedup layout, ``recd.tensors.stacked``; ``stacked``: already read) are gathered to their
     plain rows, all in one gather; the others' ids are then copied once beside them.
     """
     if stacked is None and any(batch.schema.get_field_index(n) < 0 for n in names):

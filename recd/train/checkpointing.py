@@ -148,14 +148,10 @@ from recd.checkpoint.atomic import (
     checkpoint_path,
     clean_stray_temp_files,
     commit,
-    fsync_directory,
-    fsync_file,
     list_checkpoints,
     move_checkpoint,
     newest_valid_checkpoint,
     read_layout_or_none,
-    temp_path_for,
-    write_json_atomic,
     write_layout,
 )
 from recd.checkpoint.checksum import Checksum, verify_checksum
@@ -183,6 +179,7 @@ from recd.checkpoint.sidecars import (
     read_state,
     utc_timestamp,
 )
+from recd.durable import fsync_directory, fsync_file, temp_path_for, write_json_atomic
 from recd.errors import CheckpointCorruptError, CheckpointError, ConfigError, SidecarError
 from recd.optim import FlatState, ModelAdam
 from recd.train.config import TrainConfig

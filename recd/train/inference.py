@@ -31,8 +31,9 @@ import pyarrow.parquet as pq
 import torch
 from tqdm import tqdm
 
-from recd.checkpoint.atomic import newest_valid_checkpoint, replacing
+from recd.checkpoint.atomic import newest_valid_checkpoint
 from recd.checkpoint.format import ParamLayout
+from recd.durable import replacing
 from recd.errors import ConfigError, RecdError
 from recd.models import DLRM
 from recd.progress import progress_bar

@@ -62,7 +62,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from recd.checkpoint.atomic import write_json_atomic
+from recd.durable import write_json_atomic
 from recd.errors import ConfigError, TrainingDivergedError
 from recd.models import DLRM, ModelConfig, bce_loss, dlrm_config, rm1_config
 from recd.optim import ModelAdam

@@ -44,9 +44,9 @@ from recd.checkpoint import (
     commit,
     preallocate,
     read_checkpoint,
-    temp_path_for,
     write_checkpoint,
 )
+from recd.durable import temp_path_for
 from recd.models import DLRM, ModelConfig, SequenceConfig, bce_loss, dedup_groups, dlrm_config
 from recd.models.rm1 import rm1_config
 from recd.optim import AdamConfig, FlatState, ModelAdam

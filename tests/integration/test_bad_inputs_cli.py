@@ -29,8 +29,8 @@ import pytest
 from recd.cli import main
 from recd.etl.config import EtlConfig
 from recd.etl.local import run_etl
-from recd.etl.tables import committed_files
 from recd.schema import Catalogue
+from recd.table.snapshot import committed_files
 from tests.tables import build_table
 from tests.unit.etl_shards import all_rows, sessions_clustered
 

@@ -40,7 +40,7 @@ from recd.checkpoint import (
     read_loss_history,
     write_checkpoint,
 )
-from recd.checkpoint.atomic import is_temp_name
+from recd.durable import is_temp_name
 
 N_PARAMS = 250_000  # 3 MB per checkpoint
 TRIALS = 40

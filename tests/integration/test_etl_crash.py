@@ -46,7 +46,10 @@ except ModuleNotFoundError:
         write_shards,
     )
 
-from recd.etl.commit import (
+from recd.etl.config import EtlConfig
+from recd.etl.local import SHARD_DELAY_ENV, run_etl
+from recd.schema import REQUEST_ID, TS, Catalogue
+from recd.table.hive import (
     COMMIT_DELAY_ENV,
     STAGING_PREFIX,
     SUCCESS_FILE,
@@ -54,19 +57,16 @@ from recd.etl.commit import (
     list_committed_partitions,
     verify_partition,
 )
-from recd.etl.config import EtlConfig
-from recd.etl.iceberg import load_table, referenced_paths
-from recd.etl.local import SHARD_DELAY_ENV, run_etl
-from recd.etl.partitions import iter_partition_dirs
-from recd.etl.tables import committed_files
-from recd.schema import REQUEST_ID, TS, Catalogue
+from recd.table.iceberg import load_table, referenced_paths
+from recd.table.partitions import iter_partition_dirs
+from recd.table.snapshot import committed_files
 
 ROW_GROUP_ROWS = 16
 CHILD = f"""
 import sys
 from pathlib import Path
 from recd.etl.config import EtlConfig
-from recd.etl.iceberg import load_table, referenced_paths
+from recd.table.iceberg import load_table, referenced_paths
 from recd.etl.local import run_etl
 engine = sys.argv[4] if len(sys.argv) > 4 else "local"
 if engine == "spark":  # a light local Spark (the engine uses the active session), as in

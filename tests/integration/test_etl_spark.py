@@ -34,10 +34,8 @@ from pyspark.sql import SparkSession  # noqa: E402
 
 from recd.cli.etl import register  # noqa: E402
 from recd.errors import BadRowError  # noqa: E402
-from recd.etl.commit import COMMIT_DELAY_ENV, QUARANTINE_DIR  # noqa: E402
 from recd.etl.config import EtlConfig, EtlReport  # noqa: E402
 from recd.etl.local import run_etl  # noqa: E402
-from recd.etl.partitions import MS_PER_HOUR, Partition  # noqa: E402
 from recd.etl.spark import (  # noqa: E402
     FAIL_ONCE_ENV,
     default_output_partitions,
@@ -46,10 +44,7 @@ from recd.etl.spark import (  # noqa: E402
     run_spark_etl,
     spark_schema,
 )
-from recd.etl.tables import committed_files  # noqa: E402
 from recd.etl.validate import iter_frames  # noqa: E402
-from recd.layout import layout_of  # noqa: E402
-from recd.layout_read import read_plain  # noqa: E402
 from recd.logs.generate import generate_logs  # noqa: E402
 from recd.logs.rawlog import (  # noqa: E402
     encode_block,
@@ -68,6 +63,11 @@ from recd.schema import (  # noqa: E402
     check_schema,
     load_catalogue,
 )
+from recd.table.hive import COMMIT_DELAY_ENV, QUARANTINE_DIR  # noqa: E402
+from recd.table.layout import layout_of  # noqa: E402
+from recd.table.partitions import MS_PER_HOUR, Partition  # noqa: E402
+from recd.table.snapshot import committed_files  # noqa: E402
+from recd.tensors.stacked import read_plain  # noqa: E402
 from tests.spark_session import light_local_spark, restore_pyspark_python  # noqa: E402
 
 try:  # tests/ is a package (tests/__init__.py) or pytest put tests/ itself on sys.path

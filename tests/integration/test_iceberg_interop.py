@@ -27,9 +27,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from recd.cli import main
-from recd.etl.iceberg import NAME_MAPPING_PROPERTY, live_data_files, load_table, snapshots
-from recd.etl.tables import committed_files
 from recd.schema import REQUEST_ID, Catalogue
+from recd.table.iceberg import NAME_MAPPING_PROPERTY, live_data_files, load_table, snapshots
+from recd.table.snapshot import committed_files
 from tests.spark_session import light_local_spark, restore_pyspark_python
 
 try:  # tests/ is a package (tests/__init__.py) or pytest put tests/ itself on sys.path

@@ -19,12 +19,12 @@ import pytest
 from recd.errors import BadRowError, ConfigError, SchemaError
 from recd.etl.config import EtlConfig
 from recd.etl.local import run_etl
-from recd.etl.tables import committed_files, table_format
 from recd.reader.config import ReaderConfig
 from recd.reader.dataset import ResumableLoader
 from recd.reader.plan import build_plan
 from recd.reader.transform import build_preprocessing
 from recd.schema import Catalogue, SparseKind
+from recd.table.snapshot import committed_files, table_format
 from tests.unit.etl_shards import make_rows, write_shards
 
 ENV = {**os.environ, "RECD_PROGRESS": "0"}

@@ -1,4 +1,4 @@
-"""The warm spare of ``recd train --recovery survivor`` (``recd.train.spare``), as a real process
+"""The warm spare of ``recd train --recovery survivor`` (``recd.recovery.spare``), as a real process
 waiting on a real store: an idle spare imports at idle priority on one thread only, and says
 it is warm with every thread of its own back at normal priority."""
 
@@ -16,7 +16,7 @@ import pytest
 import torch.distributed as dist
 
 from recd.recovery.env import ROLE_ENV, SPARE_ENV, SPARE_IDLE_ENV
-from recd.train.spare import IDLE_NICE, lower_to_idle, lowered_threads
+from recd.recovery.spare import IDLE_NICE, lower_to_idle, lowered_threads
 
 pytestmark = pytest.mark.skipif(
     not Path("/proc/self/task").is_dir() or not hasattr(os, "SCHED_IDLE"),
@@ -73,7 +73,7 @@ def test_an_idle_spare_is_warm_with_no_thread_left_at_idle_priority(tmp_path: Pa
         }
     )
     modules = ("torch.distributed", "pyarrow.parquet", "recd.recovery.rejoin")
-    code = f"from recd.train.spare import wait_as_spare; wait_as_spare({modules!r})"
+    code = f"from recd.recovery.spare import wait_as_spare; wait_as_spare({modules!r})"
     proc = subprocess.Popen([sys.executable, "-c", code], env=env)
     try:
         deadline = time.monotonic() + 200

@@ -18,10 +18,10 @@ import pytest
 from recd.checkpoint import checkpoint_path
 from recd.etl.config import EtlConfig
 from recd.etl.local import run_etl
-from recd.etl.tables import committed_files
 from recd.logs.generate import generate_logs
 from recd.logs.shard import shard_logs
 from recd.schema import Catalogue
+from recd.table.snapshot import committed_files
 from recd.train.config import load_train_config
 from recd.train.run import run_training
 from tests.integration.test_checkpoint_resume import make_config

@@ -119,7 +119,7 @@ def write_blocks(path: Path, batches: list[pa.RecordBatch]) -> None:
 def read_committed(table_dir: Path, *, decode: bool = True) -> list[tuple[str, Path, pa.Table]]:
     """(``ds=../hour=..``, file, rows) of every file of every committed partition, in order
     (rows read only when ``decode``: an empty table otherwise)."""
-    from recd.etl.tables import committed_files
+    from recd.table.snapshot import committed_files
 
     out = []
     for partition, files in committed_files(table_dir).partitions:

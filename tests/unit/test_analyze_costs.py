@@ -24,10 +24,10 @@ from recd.analyze import (
 )
 from recd.cli import analyze as analyze_cli
 from recd.errors import ConfigError
-from recd.layout import dedup_schema, encode_row_group
 from recd.reader import ReaderConfig
 from recd.reader.dataset import iter_batches
 from recd.schema import Catalogue, SparseFeature
+from recd.table.layout import dedup_schema, encode_row_group
 from recd.tensors.convert import FeatureSpec
 
 from .test_analyze import CATALOGUE, hand_table, write

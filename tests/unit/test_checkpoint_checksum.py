@@ -29,13 +29,13 @@ from recd.checkpoint import (
     newest_valid_checkpoint,
     preallocate,
     read_checksum,
-    temp_path_for,
     verify_checksum,
     write_checkpoint,
     write_region_range,
 )
 from recd.checkpoint import atomic as atomic_module
 from recd.checkpoint.format import region_byte_offset
+from recd.durable import temp_path_for
 from recd.train.checkpointing import read_checkpoint_flat
 
 LAYOUT = ParamLayout(

@@ -37,13 +37,13 @@ from recd.checkpoint import (
     preallocate,
     read_checkpoint,
     read_layout,
-    temp_path_for,
     write_checkpoint,
     write_layout,
     write_region_range,
 )
 from recd.checkpoint.format import pack_header
 from recd.cli import ckpt as ckpt_cli
+from recd.durable import temp_path_for
 
 LAYOUT = ParamLayout(
     specs=(ParamSpec("emb.t0", (6, 4)), ParamSpec("mlp.w", (4, 3)), ParamSpec("mlp.b", (3,)))

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from recd.errors import CommitError
-from recd.etl.commit import (
+from recd.table.hive import (
     SUCCESS_FILE,
     TRASH_PREFIX,
     TRASH_SEPARATOR,
@@ -22,7 +22,7 @@ from recd.etl.commit import (
     staging_dir,
     verify_partition,
 )
-from recd.etl.partitions import Partition
+from recd.table.partitions import Partition
 
 P0 = Partition(ds="2026-11-01", hour=0)
 P1 = Partition(ds="2026-11-01", hour=1)

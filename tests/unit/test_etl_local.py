@@ -17,9 +17,6 @@ from recd.cli.etl import register
 from recd.errors import ConfigError
 from recd.etl.config import EtlConfig, EtlReport
 from recd.etl.local import run_etl
-from recd.etl.partitions import Partition
-from recd.etl.tables import committed_files
-from recd.layout_read import read_plain
 from recd.logs.rawlog import read_catalogue
 from recd.schema import (
     REQUEST_ID,
@@ -29,6 +26,9 @@ from recd.schema import (
     catalogue_from_schema,
     load_catalogue,
 )
+from recd.table.partitions import Partition
+from recd.table.snapshot import committed_files
+from recd.tensors.stacked import read_plain
 
 from .etl_shards import (
     MS_PER_HOUR,

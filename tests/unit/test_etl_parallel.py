@@ -16,11 +16,11 @@ import pytest
 import recd.etl.local as local
 from recd.cli.etl import register
 from recd.errors import BadRowError, ConfigError
-from recd.etl.commit import list_committed_partitions
 from recd.etl.config import EtlConfig, EtlReport
 from recd.etl.local import run_etl
 from recd.logs.rawlog import shard_path, write_catalogue
 from recd.schema import REQUEST_ID, TS, Catalogue
+from recd.table.hive import list_committed_partitions
 
 from .etl_shards import (
     all_rows,

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from recd.errors import ConfigError
-from recd.etl.partitions import (
+from recd.table.partitions import (
     MS_PER_HOUR,
     TS_MAX_MS,
     Partition,

@@ -16,15 +16,15 @@ import pytest
 
 from recd.errors import ConfigError, SchemaError
 from recd.etl.config import EtlConfig, EtlReport
-from recd.etl.iceberg import load_table, snapshots
 from recd.etl.local import run_etl
-from recd.etl.migrate import migrate_to_iceberg
-from recd.etl.tables import committed_files, table_format
 from recd.pipeline import holdout_split
 from recd.reader.config import ReaderConfig
 from recd.reader.dataset import ResumableLoader
 from recd.reader.plan import build_plan
 from recd.schema import REQUEST_ID, Catalogue, load_catalogue
+from recd.table.iceberg import load_table, snapshots
+from recd.table.migrate import migrate_to_iceberg
+from recd.table.snapshot import committed_files, table_format
 
 from .etl_shards import MS_PER_HOUR, START_MS, all_rows, make_rows, write_shards
 
@@ -79,7 +79,7 @@ def test_each_run_is_one_snapshot_and_metadata_records_partitioning_and_sort(
     sort_ids = [f.source_id for f in iceberg.sort_order().fields]
     assert [iceberg.schema().find_column_name(i) for i in sort_ids] == ["session_id", "ts"]
     assert json.loads(iceberg.properties["recd.catalogue"])["name"] == "tiny"
-    assert iceberg.properties["recd.layout"] == "plain"
+    assert iceberg.properties["recd.table.layout"] == "plain"
 
 
 def test_a_foreign_schema_is_refused_and_replaces_nothing(

@@ -14,12 +14,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from recd.errors import BadRowError, SchemaError
-from recd.etl.commit import list_committed_partitions
 from recd.etl.config import EtlConfig, EtlReport
 from recd.etl.local import run_etl
 from recd.etl.validate import iter_frames
 from recd.logs.rawlog import shard_path, write_catalogue
 from recd.schema import REQUEST_ID, SESSION_ID, TS, Catalogue
+from recd.table.hive import list_committed_partitions
 
 from .etl_shards import MS_PER_HOUR, all_rows, make_rows, write_blocks
 
@@ -239,7 +239,7 @@ def test_rows_outside_the_window_are_not_checked_for_missing_ids(
     batches[0] = with_value(batches[0], SESSION_ID, 0, None)
     write_shard(tmp_path / "shards", tiny_catalogue, batches)
     start_hour = (early // MS_PER_HOUR + 1) * MS_PER_HOUR
-    from recd.etl.partitions import format_time_ms
+    from recd.table.partitions import format_time_ms
 
     report = etl(tmp_path / "shards", tmp_path / "table", start=format_time_ms(start_hour))
     assert report.rows_quarantined == 0 and report.rows_outside_window > 0

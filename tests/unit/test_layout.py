@@ -1,4 +1,4 @@
-"""The dedup table layout's encoding (recd.layout): exact round trips, the documented example,
+"""The dedup table layout's encoding (recd.table.layout): exact round trips, the documented example,
 corrupt files, plain readers not misled."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from recd.errors import BadRowError, SchemaError
-from recd.layout import (
+from recd.table.layout import (
     LAYOUT_METADATA_KEY,
     choose_encoded,
     dedup_schema,
@@ -20,7 +20,7 @@ from recd.layout import (
     layout_of,
     stored_fractions,
 )
-from recd.layout_read import decode_table, read_plain, stack_unit
+from recd.tensors.stacked import decode_table, read_plain, stack_unit
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "layout.md"
 LIST = pa.list_(pa.int64())
@@ -281,7 +281,7 @@ def test_a_corrupt_group_row_fails_naming_file_row_and_column(
 def test_the_fbgemm_and_numpy_range_indices_agree() -> None:
     import fbgemm_gpu  # noqa: F401  (the reader's processes have it loaded)
 
-    from recd.layout import range_index, range_index_numpy
+    from recd.table.layout import range_index, range_index_numpy
 
     rng = np.random.default_rng(3)
     for n in (1, 7, 5000):

@@ -11,13 +11,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from recd.errors import BadRowError, ConfigError, SchemaError
-from recd.etl.commit import committed_partition_dirs
 from recd.reader.config import ReaderConfig, Shuffle
 from recd.reader.infer import with_history_features
 from recd.reader.order import order_units, session_order, window_order
 from recd.reader.plan import build_plan, locate
 from recd.reader.stream import iter_rank_batches, iter_stream_batches
 from recd.schema import SparseKind
+from recd.table.hive import committed_partition_dirs
 
 from .reader_tables import make_rows, write_table
 

@@ -38,8 +38,8 @@ from recd.checkpoint import (
     write_samples,
     write_state,
 )
-from recd.checkpoint.atomic import sha256_file
 from recd.cli import ckpt as ckpt_cli
+from recd.durable import sha256_file
 
 
 def _loss(step: int) -> float:

@@ -12,10 +12,10 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recd.errors import SchemaError
-from recd.layout import encode_row_group
-from recd.layout_read import gather, read_stacked, stack_unit, take_rows
 from recd.reader.stored_ops import StoredOps, split_preprocessing
 from recd.reader.transform import build_preprocessing
+from recd.table.layout import encode_row_group
+from recd.tensors.stacked import gather, read_stacked, stack_unit, take_rows
 from tests.unit.test_layout import random_sessions
 
 FEATURES = ["history", "static"]
@@ -152,7 +152,7 @@ def test_stacked_columns_of_the_wrong_width_are_refused() -> None:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_gather_over_several_chunks_equals_slicing_row_by_row(seed: int) -> None:
-    from recd.layout_read import Stacked, StackedChunk
+    from recd.tensors.stacked import Stacked, StackedChunk
 
     rng = np.random.default_rng(seed)
     k = 4

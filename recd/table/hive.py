@@ -33,8 +33,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from recd.durable import fsync_directory, fsync_file
 from recd.errors import CommitError
-from recd.etl.partitions import Partition, iter_partition_dirs
+from recd.table.partitions import Partition, iter_partition_dirs
 from recd.writable import check_writable_dir, storage_error
 
 SUCCESS_FILE = "_SUCCESS"
@@ -145,27 +146,11 @@ def clean_stale(table_dir: Path) -> list[Path]:
         target = trash.parent / hour_name
         if hour_name.startswith("hour=") and not target.exists():
             os.rename(trash, target)
-            fsync_dir(trash.parent)
+            fsync_directory(trash.parent)
         else:
             shutil.rmtree(trash, ignore_errors=True)
         handled.append(trash)
     return handled
-
-
-def fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def data_files(partition_dir: Path) -> list[Path]:
@@ -212,7 +197,7 @@ def write_success(partition_dir: Path, partition: Partition) -> SuccessRecord:
         f.write(record.to_json())
         f.flush()
         os.fsync(f.fileno())
-    fsync_dir(partition_dir)
+    fsync_directory(partition_dir)
     return record
 
 
@@ -257,7 +242,7 @@ def _swap_in(source: Path, target: Path, *, run_id: str) -> None:
         if target.exists():
             os.rename(target, trash)
         os.rename(source, target)
-        fsync_dir(target.parent)
+        fsync_directory(target.parent)
     except OSError as exc:
         raise CommitError(
             f"{target}: cannot rename the staged partition into place: {exc}"

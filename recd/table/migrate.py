@@ -15,16 +15,16 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from recd.errors import ConfigError
-from recd.etl.commit import SUCCESS_FILE, lock_table, new_run_id
-from recd.etl.iceberg import (
+from recd.table.hive import SUCCESS_FILE, lock_table, new_run_id
+from recd.table.iceberg import (
     DEFAULT_IDENTIFIER,
     ICEBERG_DIR,
     create_table,
     register_files,
     write_table_pointer,
 )
-from recd.etl.tables import check_run_schema, committed_files, table_format
-from recd.layout import layout_of
+from recd.table.layout import layout_of
+from recd.table.snapshot import check_run_schema, committed_files, table_format
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """A warm spare of ``recd train --recovery survivor``: a process that waits, imported, to
 replace a dead worker.
 
-The launcher (:mod:`recd.train.agent`) starts one with the worker group. What a replacement
+The launcher (:mod:`recd.recovery.agent`) starts one with the worker group. What a replacement
 would spend seconds on before it can join the survivors is almost all imports (torch,
 torchrec, recd's commands, pyiceberg's catalog and Arrow I/O: 2-5 s on a 2-core machine;
 building the reader plan, the model and DMP together take ~0.1 s), so a spare does them
@@ -12,7 +12,7 @@ a spare), not step time. (Importing at idle priority instead was tried for it: o
 whose cores the workers keep busy, the spare was still importing at every kill of the
 benchmark.)
 
-Every later spare, started once a recovery is over (:mod:`recd.train.agent`), imports at
+Every later spare, started once a recovery is over (:mod:`recd.recovery.agent`), imports at
 **idle** CPU priority (``RECD_SPARE_IDLE``): it is needed only at the next failure, and at
 normal priority its seconds of imports slowed the survivors right after the recovery (on
 the benchmark's 2-core machine a survivor recovery cost the job 2.12 s with the next spare

@@ -30,7 +30,7 @@ is ``sequence[start_i : end_i]``, ``end_i`` the end offset of its new ids.
 Arrow slices keep offsets into the unsliced buffer, so a batch that starts in the middle of a
 session still finds its first row's list, and a row equals its predecessor iff it appends
 nothing and keeps its start, which is how readers build an IKJT without hashing
-(``recd.layout_read``).
+(``recd.tensors.stacked``).
 
 The writer (:func:`encode_row_group`, the same function in both ETL engines) encodes one row
 group at a time and starts afresh at every session and row group: the first row of each is
@@ -55,7 +55,7 @@ A reader decodes two columns for the whole group instead of two per member (on r
 list in each. The first row of every session and row group is stored.
 
 Plain Parquet readers are not misled: column ``f`` does not exist in a dedup file (reading it
-fails), and the schema metadata carries ``recd.layout``. recd's readers read both layouts,
+fails), and the schema metadata carries ``recd.table.layout``. recd's readers read both layouts,
 mixed partitions included.
 
 Hand-written because no library stores pointer-encoded sliding windows in Parquet: Parquet's
@@ -80,7 +80,7 @@ from recd.errors import SchemaError
 from recd.schema import SESSION_ID
 
 LAYOUTS = ("plain", "dedup")
-LAYOUT_METADATA_KEY = b"recd.layout"
+LAYOUT_METADATA_KEY = b"recd.table.layout"
 LAYOUT_VERSION = 2
 """1: per-feature columns only; 2: groups too (a file without groups is written as 1, which
 older readers read)."""
@@ -198,7 +198,7 @@ PLAIN = Layout("plain")
 
 
 def layout_of(schema: pa.Schema, *, source: str) -> Layout:
-    """The layout a file's schema declares (no ``recd.layout`` metadata: plain)."""
+    """The layout a file's schema declares (no ``recd.table.layout`` metadata: plain)."""
     raw = (schema.metadata or {}).get(LAYOUT_METADATA_KEY)
     if raw is None:
         return PLAIN
@@ -208,7 +208,7 @@ def layout_of(schema: pa.Schema, *, source: str) -> Layout:
         groups = tuple(tuple(str(f) for f in g) for g in data.get("groups", []))
         columns = tuple(str(c) for c in data.get("columns", []))
     except (ValueError, KeyError, TypeError) as exc:
-        raise SchemaError(f"{source}: unreadable recd.layout metadata: {exc}") from exc
+        raise SchemaError(f"{source}: unreadable recd.table.layout metadata: {exc}") from exc
     if name not in LAYOUTS or version > LAYOUT_VERSION:
         raise SchemaError(
             f"{source}: table layout {name!r} version {version} is not readable by this recd "
@@ -216,9 +216,9 @@ def layout_of(schema: pa.Schema, *, source: str) -> Layout:
         )
     grouped = [f for g in groups for f in g]
     if any(not g for g in groups) or len(set(grouped)) != len(grouped):
-        raise SchemaError(f"{source}: recd.layout groups are empty or overlap: {groups}")
+        raise SchemaError(f"{source}: recd.table.layout groups are empty or overlap: {groups}")
     if not set(grouped) <= set(encoded):
-        raise SchemaError(f"{source}: recd.layout groups name features that are not encoded")
+        raise SchemaError(f"{source}: recd.table.layout groups name features that are not encoded")
     layout = Layout(name, tuple(encoded), groups, columns)
     for column in layout.physical_columns(layout.encoded):
         if schema.get_field_index(column) < 0:
@@ -231,7 +231,7 @@ def dedup_schema(
 ) -> pa.Schema:
     """The file schema of the dedup layout: each encoded feature's column replaced, in place,
     by its ``__new_ids`` and ``__start`` columns, a group's members by the group's two columns
-    (where its first member was); ``recd.layout`` added to the metadata."""
+    (where its first member was); ``recd.table.layout`` added to the metadata."""
     layout = Layout("dedup", tuple(features), tuple(tuple(g) for g in groups), tuple(schema.names))
     fields: list[pa.Field] = []
     for fld in schema:

@@ -23,7 +23,7 @@ Table metadata records the partitioning (``hour_start_ms = truncate[3600000](ts)
 of the log time, in ms since the epoch, which is what ``ds=D/hour=HH`` names; a day-partitioned
 table: ``day_start_ms = truncate[86400000](ts)``, named by ``ds=D``), the sort order
 (``session_id, ts`` for a clustered table), recd's catalogue (property ``recd.catalogue``) and
-the table layout (``recd.layout``). Each snapshot's summary names the ETL run (``recd.run-id``).
+the table layout (``recd.table.layout``). Each snapshot's summary names the ETL run (``recd.run-id``).
 
 recd's data files carry no Parquet field ids: they are written by pyarrow (either engine, and
 by other tools for a migrated Hive-layout table) before the Iceberg table, which assigns the
@@ -60,10 +60,10 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from recd.checkpoint.atomic import write_bytes_atomic
+from recd.durable import fsync_directory, write_bytes_atomic
 from recd.errors import CommitError, ConfigError
-from recd.etl.commit import COMMIT_DELAY_ENV, fsync_dir
-from recd.etl.partitions import PARTITION_BY, Partition, iter_partition_dirs
+from recd.table.hive import COMMIT_DELAY_ENV
+from recd.table.partitions import PARTITION_BY, Partition, iter_partition_dirs
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -82,7 +82,7 @@ PARTITION_FIELD = "{}_start_ms"
 """Name of the partition field; ``{}``: the granularity (``hour_start_ms``, ``day_start_ms``)."""
 RUN_ID_PROPERTY = "recd.run-id"
 CATALOGUE_PROPERTY = "recd.catalogue"
-LAYOUT_PROPERTY = "recd.layout"
+LAYOUT_PROPERTY = "recd.table.layout"
 NAME_MAPPING_PROPERTY = "schema.name-mapping.default"
 """Iceberg's name mapping (column names -> field ids) for data files without field ids."""
 
@@ -368,7 +368,7 @@ def commit_files(
             os.rename(source, target)
             moved.append(target)
         for directory in sorted({p.parent for p in moved}):
-            fsync_dir(directory)
+            fsync_directory(directory)
         delay_s = float(os.environ.get(COMMIT_DELAY_ENV, "0") or 0)
         if delay_s > 0:
             time.sleep(delay_s)
@@ -397,7 +397,7 @@ def _commit(table: Table, files: list[Path], partitions: set[Partition], *, run_
     paths = [p.parent.resolve() / p.name for p in files]
     paths += [data_file_path(table, f, partition_by) for f in relisted]
     # The dedup layout writes no statistics for the columns whose min/max say nothing
-    # (recd.layout.statistics_columns); pyiceberg warns once per such column and file.
+    # (recd.table.layout.statistics_columns); pyiceberg warns once per such column and file.
     quiet = logging.getLogger("pyiceberg.io.pyarrow")
     level = quiet.level
     quiet.setLevel(logging.ERROR)

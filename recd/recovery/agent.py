@@ -13,7 +13,7 @@ the two launchers apart, and it watches them:
   way: publish the failure notice (``recd/attempt_A/gen_G/failure`` in the store) and start a
   replacement for its rank in generation G+1: the **warm spare** (a process started with the
   job that imports torch, torchrec, recd and pyiceberg during the workers' start-up and waits
-  for an assignment, :mod:`recd.train.spare`) or, without a warm one, a fresh interpreter.
+  for an assignment, :mod:`recd.recovery.spare`) or, without a warm one, a fresh interpreter.
   The survivors agree, undo and hand over the state; the recovery is over when every rank of
   G+1 completed a step. Only then is the next spare started, importing at idle CPU priority,
   so that it takes no CPU time from the recovery or from training;
@@ -239,7 +239,7 @@ class _Agent:
 
     def run(self) -> int:
         self.start_group()
-        self.start_spare()  # with the group: warm by the time training starts (recd.train.spare)
+        self.start_spare()  # with the group: warm by the time training starts (recd.recovery.spare)
         n = self.config.nproc
         started = False
         while True:

@@ -1,4 +1,4 @@
-"""Reading the dedup layout (``recd.layout``): the readers' in-memory form and the gathers that
+"""Reading the dedup layout (``recd.table.layout``): the readers' in-memory form and the gathers that
 turn it into plain lists, KJTs and IKJTs without hashing.
 
 When a unit (one row group) is read, every encoded feature's rows are turned into positions
@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recd.errors import BadRowError, SchemaError
-from recd.layout import (
+from recd.table.layout import (
     Layout,
     group_ids_column,
     group_lengths_column,
