@@ -2,7 +2,7 @@
 training batches, for the table orders and shuffles a user can choose.
 
     python benchmarks/accuracy.py              # clickstream, rm1-like, impressions: 5 seeds
-                                               # each, batch 512 (~20 min on 2 cores)
+                                               # each, batch 512
     python benchmarks/accuracy.py --quick      # toy sizes, 2 seeds (CI)
 
 Three configurations of one training job per profile (the ``rm1`` model):
@@ -26,12 +26,11 @@ config (from its ``train.json``) is recorded. The tables come from the same logs
 ``--work-dir``). The held-out range is the fewest latest hourly partitions holding
 ``HOLDOUT_SHARE`` of the rows (the same hours of both tables); the rest trains.
 
-Sizes (``profile_jobs``), chosen so that the 27 trainings take ~13 min on 2 cores (one
-round, all three profiles with their tables built and analysed: 285 s): clickstream the
-profile's own ~88k generated rows, rm1-like 100k, impressions the profile's own ~313k;
-batch 512; ``train.steps`` one pass over the training rows (full batches: 121, 161 and 505
-steps at ``--data-seed 0``), ``num_epochs`` 50 so the reader never runs out first; held-out
-evaluation at the last step on every held-out row. ``--quick``: 6k, 6k and 10k rows, batch
+Sizes (``profile_jobs``), chosen so that the whole benchmark runs on a 2-core machine:
+clickstream the profile's own ~88k generated rows, rm1-like 100k, impressions the profile's
+own ~313k; batch 512; ``train.steps`` one pass over the training rows (full batches: 121,
+161 and 505 steps at ``--data-seed 0``), ``num_epochs`` 50 so the reader never runs out first;
+held-out evaluation at the last step on every held-out row. ``--quick``: 6k, 6k and 10k rows, batch
 256. A run counts only if it trained and its reader gave every step.
 
 Protocol: ``--reps`` rounds (default 5: 3 seeds do not resolve 0.005 NE here; ``--quick``
@@ -217,8 +216,8 @@ def batch_label_means(config_path: Path, steps: int) -> tuple[list[float], list[
     import torch
 
     from recd.reader import ResumableLoader
+    from recd.train.build import prepare_reader
     from recd.train.config import load_train_config
-    from recd.train.loop import prepare_reader
 
     torch.set_num_threads(1)
     config = load_train_config(config_path)

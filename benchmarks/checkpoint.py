@@ -17,7 +17,7 @@ batch 256, one intra-op thread (``--threads``).
    ``O_DIRECT`` temp file, fsync, rename, retention in the background) and one *raw* (a raw
    ``O_DIRECT`` write + fsync of the same bytes on a background thread at the same step: what
    any writer of these bytes costs here). Which trainer plays which role is drawn per
-   segment (``segment_roles``): three objects of one config differ by up to ~1% in speed,
+   segment (``segment_roles``): three objects of one config differ slightly in speed,
    persistently, and a fixed role per object made that a bias of the stall. Every trainer
    appends the loss history at every step, as ``recd train`` does; its cost is reported
    apart (``off_hook_fraction``). Segment i (i >= 1) is steps ``100 i`` to ``100 i + 99``:
@@ -31,8 +31,8 @@ batch 256, one intra-op thread (``--threads``).
    Segment 0 (steps 1 to 99, no checkpoint) is a declared warm-up, recorded but not counted;
    every timed segment counts. The trainers are driven by the training loop's own body
    (batch, ``train_step``, step hooks) with one reader iterator each, and after they are
-   built ``gc.freeze()`` keeps the collector from walking the set-up's ~350k objects (a
-   0.2 s pause that would land on whichever trainer is running; the collector still runs).
+   built ``gc.freeze()`` keeps the collector from walking the set-up's objects (a pause that
+   would land on whichever trainer is running; the collector still runs).
    ``stall_fraction = sum(checkpoint segments) / sum(off segments) - 1``: the extra wall time
    of training with a checkpoint every 100 steps, relative to training without (CheckFreq's
    "overhead"), the background write's competition for cores, memory and the virtual disk
@@ -45,9 +45,9 @@ batch 256, one intra-op thread (``--threads``).
    ``blocked_fraction``: the training thread's own checkpoint time (audit, reader state,
    waiting for the dense part of the snapshot copy or for a previous write) over the
    training time, a lower bound of the stall; ``train_thread_cpu_excess``: the training
-   thread's extra CPU time. Noise: a segment's wall time varies by ~5-10% on a shared 2-core
-   VM even for identical work, so the interval narrows only with more segments
-   (``--blocks``; the default, 240, keeps the full run near 13 minutes on 2 quiet cores).
+   thread's extra CPU time. Noise: a segment's wall time varies between segments even for
+   identical work on a shared machine, so the interval narrows only with more segments
+   (``--blocks``, default 240).
 2. **Write bandwidth.** ``write_bw_vs_raw`` = bytes / time the writer spent on the checkpoint
    file (temp file, sequential writes, fsync, rename, fsync dir) during training, over bytes /
    time of the raw background writes of the same bytes during training (same directory, same
@@ -280,8 +280,7 @@ def segment_roles(segments: int, seed: int) -> list[list[str]]:
     """The role of trainers 0, 1 and 2 in each of ``segments`` segments: a permutation of
     :data:`KINDS` drawn independently and uniformly per segment (``random.Random`` seeded
     with ``"roles:<seed>"``). Three trainer objects of the same config still differ a little
-    in speed (where their tensors landed in memory: up to ~1% per step, persistent within a
-    run); a fixed role per object would add that to the stall as a bias no number of
+    in speed (where their tensors landed in memory; persistent within a run); a fixed role per object would add that to the stall as a bias no number of
     segments averages away. Drawn per segment, it falls on every role alike."""
     rng = random.Random(f"roles:{seed}")
     return [rng.sample(KINDS, len(KINDS)) for _ in range(segments)]
@@ -797,7 +796,7 @@ def protocol(
     command: str,
     load: tuple[tuple[float, float, float], tuple[float, float, float]],
 ) -> dict[str, Any]:
-    """How the stall figures were taken, beside them (see benchmarks' measuring rules)."""
+    """How the stall figures were taken, recorded beside them (docs/benchmarks.md)."""
     steps_per_trainer = size.every - 1 + size.blocks * size.every
     return {
         "segments": size.blocks,

@@ -28,11 +28,11 @@ Protocol: one process (``torch.set_num_threads(1)``, pyarrow CPU and IO pools of
 every config warmed up, then ``--reps`` repetitions. A repetition runs in rounds: one whole
 pass over the whole table per config, in an order drawn at random per round (seeded,
 recorded), until every config's passes add up to ``--min-measure-s`` CPU seconds (default 2:
-a 0.4 s pass alone varies by +-20% on a shared 2-core VM). So every config's measurement
+one short pass alone varies widely on a shared machine). So every config's measurement
 spans the whole repetition, and a slow stretch of the machine falls on both sides of a ratio
 alike (``--interleave measurement``, the protocol before: each config's passes back to back,
-configs in a random order per repetition, so the two sides of a ratio ran up to a minute
-apart and the per-repetition ratios of the same code spread by up to +-20%). A measurement's
+configs in a random order per repetition, so the two sides of a ratio ran far apart in time
+and the per-repetition ratios of the same code spread widely). A measurement's
 figures are per pass (the mean of its passes), and its number of passes is recorded. Figures
 are medians over the repetitions; each ratio is the ratio of the medians, with the min-max of
 the per-repetition ratios (passes of one repetition are paired). Recorded with each figure:
@@ -80,10 +80,10 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from recd.analyze import TableAnalysis, analyze_table
 from recd.pipeline import reuse_or_build_tables
 from recd.reader import ReaderConfig, build_plan, keep_freed_memory
-from recd.reader.dataset import iter_tagged_batches
 from recd.reader.memory import MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES
 from recd.reader.plan import ReadPlan
 from recd.reader.stats import BatchTiming
+from recd.reader.tagged import iter_tagged_batches
 from recd.reader.transform import BatchTransform
 from recd.schema import Catalogue, SparseKind, load_catalogue
 from recd.table.partitions import format_time_ms
@@ -160,20 +160,12 @@ def leading_window(clustered: Path, unclustered: Path, *, min_rows: int = 0) -> 
     """The leading partitions in which both tables hold the same number of files and every
     partition at least ``min_rows`` rows.
 
-    The generator starts every session inside one hour; a few long sessions then trickle
-    samples for days, so the tables end in a sparse tail of hourly partitions with a few
-    hundred rows each. Two artefacts of that tail are cut:
-
-    - file counts: both ETLs write one file per (shard, partition); in the tail random shards
-      still put a few rows in every shard's file while session shards do not, so per-file
-      costs would favour the clustered table for a reason production partitions do not have;
-    - fixed costs: opening a file and starting each of its ~110 column chunks costs about
-      5 ms whatever the rows (measured), which over a tail partition of 800 rows weighs on
-      every config as much as decoding them. Production hourly partitions hold millions of
-      rows; ``min_rows`` (``--window full``: one full row group) keeps partitions of that kind.
-
-    The first partition always stays. Returns ``end`` (None: no cut) and how many
-    partitions the cut leaves out.
+    The tables end in a sparse tail of hourly partitions (a few long sessions trickle samples
+    for days), where random shards still put a few rows in every shard's file and a file's
+    fixed opening costs weigh as much as decoding its rows: both would favour one side for
+    reasons production partitions (millions of rows) do not have. ``min_rows`` (``--window
+    full``: one full row group) keeps partitions of that kind. The first partition always
+    stays. Returns ``end`` (None: no cut) and how many partitions the cut leaves out.
     """
     a = committed_files(clustered).partitions
     b = committed_files(unclustered).partitions

@@ -1,46 +1,47 @@
 """Failure-recovery benchmark: survivor recovery against restart-and-reload, same launcher, same job.
 
-    python benchmarks/recovery.py            # 1.07 GB checkpoint, 3 reps per route, torchrun too
-    python benchmarks/recovery.py --quick    # 7.7 MB checkpoint, 3 reps, no torchrun
+    python benchmarks/recovery.py            # 1.05 GB checkpoint, 3 reps per route, torchrun too
+    python benchmarks/recovery.py --quick    # 8 MB checkpoint, 3 reps, no torchrun
                                              # (writes recovery_quick.json / .md)
 
-The job (:class:`recd.recovery.survivor.SurvivorJob`): 2 CPU worker processes (gloo, one torch
-thread each), a DLRM whose tables torchrec shards row-wise, ``ShardedAdam``; full default size
-8 tables x 700,000 rows x 16 = 89.6 M parameters, a 1.07 GB checkpoint (weights, Adam m and
-v: 12 bytes a parameter). It fits a 24 GiB, 2-core machine: each rank peaks near 7 GB while
-a checkpoint is all-gathered (about 6.7x the checkpoint, measured at 0.46 GB), about 15 GB in
-all; the whole run takes about 6 minutes on 2 quiet cores. 10 steps, a full checkpoint every
-5 (and at the end); rank 1 SIGKILLs itself in step 9 after its gradients were all-reduced,
-before its update. Checkpoint files are deleted after each run.
+The job is ``recd train --nproc 2`` (a drill of :mod:`recd.recovery.drill`, what ``recd
+recover`` runs): 2 CPU worker processes (gloo, one torch thread each) under recd's launcher
+(:mod:`recd.recovery.agent`), a DLRM whose tables torchrec shards row-wise, on a table of
+``--profile`` (``--sessions`` sessions through generate -> shard -> ETL, built once). Full
+size: the rm1-like profile's 56 sparse features, at most 100,000 rows each, width 16: a
+1.05 GB checkpoint (weights, Adam m and v: 12 bytes a parameter). 10 steps, global batch 128,
+a checkpoint every 5 (written on the training thread, and at the end); rank 1 SIGKILLs itself
+inside its optimizer update of step 9 (its gradients were all-reduced, so the survivor
+applied its own update). Run directories are deleted after each run.
 
 Routes, each run ``--reps`` times, all runs of all routes in one seeded random order
 (``protocol.order``); a failed run is recorded with its error and counted
 (``failed_runs``), never left out silently:
 
-- ``survivor``: :mod:`recd.recovery.survivor`: survivors agree on the last step completed
-  by everyone, undo their step past it, hand the dense state to a replacement forked from the
-  warm launcher, which loads the dead rank's embedding shard from the newest checkpoint;
-- ``restart``: the same job, the same warm fork launcher: every worker stopped, a new group
-  started that reloads the full checkpoint and replays the steps since (what torchrun's agent
-  does, without interpreter start-up): the headline's baseline;
-- ``capture``: the failure-free cost of update-undo on the same job: 2 forked ranks build the
-  same sharded model and train it on the same batches, ``ShardedAdam.step(capture=True)`` and
-  plain ``step()`` in a seeded random balanced order; the capture's extra time as a fraction
-  of a plain training step (forward + backward + update), on the slowest rank;
+- ``survivor``: ``--recovery survivor`` (:mod:`recd.recovery.rejoin`): the survivor takes its
+  update of step 9 back, the warm spare replaces rank 1, gets the dense state from the
+  survivor and loads rank 1's table shards from the newest checkpoint;
+- ``restart``: ``--recovery elastic`` from the same launcher: every worker stopped, a new
+  group started that reloads the checkpoint and replays the steps since (torchrun's policy):
+  the headline's baseline;
+- ``capture``: the failure-free cost of survivor mode on the same job (the update-undo
+  capture every step, the warm spare): a failure-free run of each of the two routes above, in
+  a seeded order; the step time of each is ``train.json``'s training time less the
+  checkpoint writes, per step (``step_s``: restart route, ``captured_step_s``: survivor);
+  the overhead is their difference over the restart route's step;
 - ``torchrun`` (default unless ``--quick``; ``--torchrun`` / ``--no-torchrun``): cold torchrun (``recd train --resume`` under
   ``torchrun --max-restarts 1``, :mod:`recd.recovery.elastic`) on a *different*, tiny job
   (the tiny profile's table): fresh interpreters, imports, rendezvous, DMP build, full
   checkpoint load, replay. Reported on its own, never the headline's baseline.
 
 Recovery time = from the kill until the step in flight at the failure completes again (the
-lost work included). Reload is from the page cache (the checkpoint was just written): a
-lower bound of a reload from storage.
+lost work included), from the trainer's event log (:func:`recd.recovery.audit.
+recovery_timeline`); the restart route's workers do not log their rendezvous and load apart,
+so its ``first_step`` phase holds them (and the new interpreters' start-up). Reload is from
+the page cache (the checkpoint was just written): a lower bound of a reload from storage.
 
 Headline ``recovery_time_ratio`` = median survivor / median restart; its range is min
-survivor / max restart .. max survivor / min restart. Both routes run the job's captured
-step (the job always captures), so the restart route's replayed steps carry a capture it does
-not need: ``recovery_time_ratio_restart_without_capture`` takes the measured capture time
-of those steps off the restart route (secondary).
+survivor / max restart .. max survivor / min restart.
 
 Simulation (SwIFT's methodology): a job needing ``--work-hours`` of failure-free training;
 failures arrive with gaps uniform on [0, 2 x ``--mtbf-median-hours``] (the scenario, not a
@@ -48,17 +49,18 @@ measurement), ``--trials`` Monte-Carlo runs with the same gaps for both strategi
 write the same periodic checkpoints. Checkpoint strategy: a failure rolls back to the last
 checkpoint and costs the restart route's fixed recovery time; survivor: a failure loses
 its measured lost steps and costs the survivor route's fixed recovery time, and every step
-pays the update-undo capture. ``simulated_speedup`` (checkpoint wall / survivor wall at
-``--headline-cadence``) uses only measured costs: capture fraction, step time, checkpoint
-stall, fixed recovery times, lost steps; when the measured checkpoint is smaller than
-``--reload-target-gb`` the reload and checkpoint costs are scaled to that size at the
-measured bytes/s (``simulation.reload_scaling``; the full size is measured at >= 1 GB, factor
-1). ``simulated_speedup_range``: the headline cadence at the bad and the good end of the
-measured capture fraction and recovery times. Variants with an assumed number are named
+pays the failure-free overhead. ``simulated_speedup`` (checkpoint wall / survivor wall at
+``--headline-cadence``) uses only measured costs: overhead, step time, checkpoint stall
+(the write time the checkpointer logs), fixed recovery times, lost steps; when the measured
+checkpoint is smaller than ``--reload-target-gb`` the checkpoint stall is scaled to that size
+and both routes' fixed costs grow by the time to read one rank's share of the extra bytes at
+the page-cache read speed measured on the runs' own checkpoints (``simulation.
+reload_scaling``: every rank of a restart and the survivor's replacement each read their own
+blocks). ``simulated_speedup_range``: the headline cadence at the bad and the good end of the
+measured overhead and recovery times. Variants with an assumed number are named
 ``simulated_speedup_assumed_*`` and marked ``assumption: true`` in the JSON:
-``assumed_capture_0_05`` (the capture costs 5% of a step) and ``assumed_at_scale`` (the
-previous protocol's at-scale guesses: 0.5 s steps, 60 s checkpoints, recovery costs x10, the
-capture's measured cost relative to the optimizer step times a 5% optimizer share).
+``assumed_capture_0_05`` (survivor mode costs 5% of a step) and ``assumed_at_scale`` (0.5 s
+steps, 60 s checkpoints, recovery costs x10, the measured overhead).
 
 Writes benchmarks/results/recovery.json and .md (``--quick``: recovery_quick.*); the
 Markdown starts with the headline (no title: docs/benchmarks.md puts it under its own heading).
@@ -69,15 +71,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import multiprocessing as mp
 import os
 import random
+import re
 import shutil
 import statistics
 import sys
 import tempfile
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,22 +89,24 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from recd.recovery.survivor import SurvivorJob, run_job  # noqa: E402
+from recd.recovery.drill import Drill, DrillReport, generate_table, run_drill  # noqa: E402
 from recd.stats import spread  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 KILL_RANK = 1
+KILL_POINT = "optimizer"
+"""Inside rank 1's update: the survivor applied its own and takes it back."""
+WORLD_SIZE = 2
+GLOBAL_BATCH = 128
 FIXED_PHASES = ("detection", "restart", "rendezvous", "load", "first_step")
 """Phases of a recovery that do not depend on how much work was lost (the simulation's
 fixed cost per failure)."""
-CAPTURE_WARMUP_STEPS = 2
-CAPTURE_STEPS_EACH = 10
-"""Captured and plain steps timed per capture run (each), after the warm-up."""
-COLLECTIVE_TIMEOUT_S = 60.0
-"""gloo's timeout in the jobs: a backstop only (a dead peer is noticed by its sockets); long
-enough for a 1 GB checkpoint's all-gather on a busy machine."""
+TIMELINE_KEYS = ("survivor_detection", "detection", *FIXED_PHASES[1:], "replay")
+"""The phases whose medians a route reports (None where the route does not log one)."""
 ASSUMED_CAPTURE_FRACTION = 0.05
-"""The capture cost the previous protocol assumed (5% of a step)."""
+"""The failure-free overhead the previous protocol assumed (5% of a step)."""
+CHECKPOINT_LOG = re.compile(r"checkpoint \S+ written \(periodic, ([0-9.]+) s")
+"""The checkpointer's log line of a periodic checkpoint, with its write time."""
 
 TORCHRUN_TOML = """
 [reader]
@@ -139,200 +142,167 @@ TORCHRUN_STEPS = 16
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class ModelSize:
-    """The job's embedding tables: ``tables`` x ``rows`` x ``dim`` parameters."""
+    """The job's embedding tables: the profile's sparse features, at most ``rows`` x ``dim``."""
 
-    tables: int
-    """Embedding tables (row-wise sharded over the ranks)."""
+    profile: str
+    """The generated table's profile (its sparse features are the tables)."""
     rows: int
-    """Rows per table."""
+    """Rows per table at most (``model.max_rows``)."""
     dim: int
     """Embedding width."""
 
 
-FULL_SIZE = ModelSize(tables=8, rows=700_000, dim=16)
-"""89.6 M table parameters: a 1.07 GB checkpoint."""
-QUICK_SIZE = ModelSize(tables=4, rows=20_000, dim=8)
-"""640 k table parameters: a 7.7 MB checkpoint."""
+FULL_SIZE = ModelSize(profile="rm1-like", rows=100_000, dim=16)
+"""rm1-like: 56 tables, 5.46 M rows x 16: a 1.05 GB checkpoint."""
+QUICK_SIZE = ModelSize(profile="rm1-like", rows=1_500, dim=8)
+"""rm1-like: 56 tables, 84 k rows x 8: an 8 MB checkpoint."""
 
 
 # ----------------------------------------------------------------------------- the job
 
 
-def make_job(args: argparse.Namespace, run_dir: Path, mode: str) -> SurvivorJob:
-    """The benchmark's job in ``mode`` (``survivor`` or ``restart``), rank 1 killed."""
-    return SurvivorJob(
+def make_drill(args: argparse.Namespace, run_dir: Path, route: str, *, kill: bool = True) -> Drill:
+    """The benchmark's job on ``route`` (``survivor`` or ``restart``), rank 1 killed."""
+    return Drill(
         run_dir=run_dir,
-        mode=mode,  # type: ignore[arg-type]
+        table=args.table,
+        route=route,  # type: ignore[arg-type]
+        world_size=WORLD_SIZE,
         steps=args.steps,
         checkpoint_every=args.checkpoint_every,
-        tables=args.tables,
         rows=args.rows,
         dim=args.dim,
+        batch_size=GLOBAL_BATCH,
+        seed=args.seed,
         kill_rank=KILL_RANK,
-        kill_step=args.kill_step,
-        kill_point="after_backward",
+        kill_step=args.kill_step if kill else 0,
+        kill_point=KILL_POINT,
         timeout_s=args.job_timeout_s,
-        collective_timeout_s=COLLECTIVE_TIMEOUT_S,
     )
 
 
-def checkpoint_bytes_of(job: SurvivorJob) -> int:
-    """Bytes of one full checkpoint of ``job``'s model (``8 + 12 * n_params``)."""
-    from recd.checkpoint.format import checkpoint_size_bytes
-    from recd.recovery.survivor import model_config_of
-    from recd.train.sharding import logical_layout
-
-    return checkpoint_size_bytes(logical_layout(model_config_of(job)).n_params)
+def checkpoint_stalls_s(report: DrillReport) -> list[float]:
+    """Seconds each periodic checkpoint held training up: the write time the checkpointer
+    logs (written on the training thread, so training waits for all of it)."""
+    text = report.log_path.read_text(errors="replace") if report.log_path.exists() else ""
+    return [float(m.group(1)) for m in CHECKPOINT_LOG.finditer(text)]
 
 
-def checkpoint_stalls_s(events: list[dict[str, Any]]) -> list[float]:
-    """Seconds each checkpoint held up training: per checkpoint (generation, step), the
-    slowest rank's time from recording the step to the end of the checkpoint."""
-    stepped = {(e["rank"], e["gen"], e["step"]): e["t"] for e in events if e["event"] == "step"}
-    stalls: dict[tuple[int, int], float] = {}
-    for e in events:
-        if e["event"] != "checkpoint":
-            continue
-        start = stepped.get((e["rank"], e["gen"], e["step"]))
-        if start is not None:
-            key = (e["gen"], e["step"])
-            stalls[key] = max(stalls.get(key, 0.0), e["t"] - start)
-    return [stalls[k] for k in sorted(stalls)]
+def page_cache_read_bytes_per_s(run_dir: Path) -> float | None:
+    """Read speed of the run's newest checkpoint file, just written (in the page cache)."""
+    files = sorted(run_dir.glob("step_*.bin"))
+    if not files:
+        return None
+    began = time.perf_counter()
+    with files[-1].open("rb", buffering=0) as f:
+        while f.read(1 << 24):
+            pass
+    return files[-1].stat().st_size / (time.perf_counter() - began)
 
 
-def measure_job(mode: str, work: Path, args: argparse.Namespace, rep: int) -> dict[str, Any]:
-    """One run of the job in ``mode``: its recovery timeline and checkpoint stalls."""
-    run_dir = work / f"{mode}_{rep}"
+def _drill(args: argparse.Namespace, run_dir: Path, route: str, *, kill: bool) -> dict[str, Any]:
+    """Run one drill; its report's figures (the run directory is deleted afterwards)."""
     shutil.rmtree(run_dir, ignore_errors=True)
     try:
-        report = run_job(make_job(args, run_dir, mode))
-        sizes = sorted({p.stat().st_size for p in run_dir.glob("step_*.bin")})
+        report = run_drill(make_drill(args, run_dir, route, kill=kill))
+        if report.returncode != 0:
+            raise RuntimeError(
+                f"{route}: recd train exited with {report.returncode}: {report.log_tail(3)}"
+            )
+        train_dir = report.drill.train_dir
+        return {
+            "report": report,
+            "checkpoint_file_bytes": sorted(
+                {p.stat().st_size for p in train_dir.glob("step_*.bin")}
+            ),
+            "checkpoint_stalls_s": checkpoint_stalls_s(report),
+            "reload_bytes_per_s": page_cache_read_bytes_per_s(train_dir),
+        }
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)  # 1 GB a checkpoint: keep the disk free
-    timeline = report.timeline()
-    if timeline is None:
-        raise RuntimeError(f"{mode}: no recovery observed in {run_dir}")
-    if mode == "survivor" and not report.recoveries:
-        raise RuntimeError(f"survivor: no recovery recorded in {run_dir}")
+
+
+def measure_job(route: str, work: Path, args: argparse.Namespace, rep: int) -> dict[str, Any]:
+    """One run of the job on ``route`` with rank 1 killed: its recovery timeline, its audit
+    records and its checkpoint stalls."""
+    out = _drill(args, work / f"{route}_{rep}", route, kill=True)
+    report: DrillReport = out.pop("report")
+    if report.timeline is None:
+        raise RuntimeError(f"{route}: no complete recovery in the event log")
+    want = "survivor" if route == "survivor" else "restart"
+    if [r.get("route") for r in report.recoveries] != [want]:
+        raise RuntimeError(f"{route}: recorded recoveries {report.recoveries}")
+    (record,) = report.recoveries
     return {
-        "timeline": timeline,
-        "checkpoint_file_bytes": sizes,
-        "checkpoint_stalls_s": checkpoint_stalls_s(report.events),
+        "timeline": report.timeline,
+        "audit": {
+            **{k: record.get(k) for k in AUDIT_KEYS if k in record},
+            "rows_lost": sum((record.get("rows_lost_updates") or {}).values()),
+        },
         "job_wall_s": report.wall_s,
+        **out,
     }
+
+
+AUDIT_KEYS = (
+    "route",
+    "agreed_step",
+    "checkpoint_step",
+    "embedding_checkpoint_step",
+    "steps_lost",
+    "undone",
+    "bit_exact",
+)
+"""The fields of a run's audit record kept in the results (with ``rows_lost``: the rows that
+lost updates, over every table)."""
 
 
 # ----------------------------------------------------------------------------- capture cost
 
 
-def capture_flags(steps_each: int, seed: int) -> list[bool]:
-    """Warm-up (plain) steps, then ``steps_each`` captured and plain steps in a seeded order."""
-    flags = [True] * steps_each + [False] * steps_each
-    random.Random(seed).shuffle(flags)
-    return [False] * CAPTURE_WARMUP_STEPS + flags
-
-
-def _time_steps(job: SurvivorJob, rank: int, flags: list[bool]) -> dict[str, list[float]]:
-    """Train the job's sharded model (already in a process group) one step per flag."""
-    from recd.models.dlrm import bce_loss
-    from recd.optim import AdamConfig
-    from recd.recovery.survivor import make_batch, model_config_of
-    from recd.train.sharding import build_sharded_training
-
-    dmp, opt = build_sharded_training(
-        model_config_of(job), AdamConfig(lr=job.lr), plan="row_wise", seed=job.seed
-    )
-    times: dict[str, list[float]] = {"forward_backward_s": [], "step_s": [], "captured_step_s": []}
-    for i, capture in enumerate(flags):
-        dense, kjt, labels = make_batch(job, i + 1, rank)
-        start = time.perf_counter()
-        dmp.train()
-        opt.zero_grad()
-        bce_loss(dmp(dense, kjt), labels).backward()
-        backward_done = time.perf_counter()
-        record = opt.step(capture=capture)
-        done = time.perf_counter()
-        del record
-        if i >= CAPTURE_WARMUP_STEPS:
-            times["forward_backward_s"].append(backward_done - start)
-            times["captured_step_s" if capture else "step_s"].append(done - backward_done)
-    opt.close()
-    return times
-
-
-def _capture_worker(job: SurvivorJob, rank: int, out: Path, flags: list[bool]) -> None:
-    """A forked rank of the capture measurement; writes its step times to ``out``."""
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-
-    try:
-        torch.set_num_threads(1)
-        store = dist.FileStore(str(out.parent / "store"), job.world_size)
-        dist.init_process_group(
-            "gloo",
-            store=store,
-            rank=rank,
-            world_size=job.world_size,
-            timeout=datetime.timedelta(seconds=job.collective_timeout_s),
-        )
-        times = _time_steps(job, rank, flags)
-        dist.barrier()
-        dist.destroy_process_group()
-        out.write_text(json.dumps(times))
-    except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    os._exit(0)
-
-
-def capture_summary(times: dict[str, list[float]]) -> dict[str, float]:
-    """One rank's medians, and the capture's extra time as a fraction of a plain step."""
-    medians = {k: statistics.median(v) for k, v in times.items()}
-    step_s = medians["forward_backward_s"] + medians["step_s"]
-    extra_s = medians["captured_step_s"] - medians["step_s"]
-    return {
-        **medians,
-        "train_step_s": step_s,
-        "capture_extra_s": extra_s,
-        "overhead_fraction": max(extra_s, 0.0) / step_s,
-    }
+def _step_s(out: dict[str, Any]) -> float:
+    """Training seconds per step of a failure-free run, its checkpoint writes left out."""
+    result = out["report"].result
+    steps = result["steps"] - result["first_step"]
+    return (result["train_s"] - sum(out["checkpoint_stalls_s"])) / max(steps, 1)
 
 
 def measure_capture(work: Path, args: argparse.Namespace, rep: int) -> dict[str, Any]:
-    """The update-undo capture's cost on the job's model, 2 forked ranks (no failure)."""
-    run_dir = work / f"capture_{rep}"
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run_dir.mkdir(parents=True)
-    job = make_job(args, run_dir, "survivor")
-    flags = capture_flags(CAPTURE_STEPS_EACH, args.seed + rep)
-    ctx = mp.get_context("fork")
-    outs = [run_dir / f"rank{r}.json" for r in range(job.world_size)]
-    procs = [
-        ctx.Process(target=_capture_worker, args=(job, r, outs[r], flags))
-        for r in range(job.world_size)
-    ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(args.job_timeout_s)
-        if p.exitcode is None:
-            p.kill()
-            p.join()
-    codes = [p.exitcode for p in procs]
-    try:
-        if any(code != 0 for code in codes):
-            raise RuntimeError(f"capture: worker exit codes {codes}")
-        ranks = [capture_summary(json.loads(o.read_text())) for o in outs]
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    slowest = max(ranks, key=lambda r: r["train_step_s"])
-    return {"capture": slowest, "ranks": ranks, "steps_each": CAPTURE_STEPS_EACH}
+    """Failure-free cost of survivor mode on the job: one failure-free run per route, in an
+    order seeded by the repetition."""
+    routes = ["survivor", "restart"]
+    random.Random(args.seed + rep).shuffle(routes)
+    runs = {
+        route: _drill(args, work / f"capture_{route}_{rep}", route, kill=False) for route in routes
+    }
+    plain, captured = _step_s(runs["restart"]), _step_s(runs["survivor"])
+    extra = captured - plain
+    capture = {
+        "step_s": plain,
+        "captured_step_s": captured,
+        "train_step_s": plain,
+        "capture_extra_s": extra,
+        "overhead_fraction": max(extra, 0.0) / plain,
+    }
+    return {
+        "capture": capture,
+        "order": routes,
+        "checkpoint_file_bytes": sorted(
+            {s for o in runs.values() for s in o["checkpoint_file_bytes"]}
+        ),
+        "checkpoint_stalls_s": [s for o in runs.values() for s in o["checkpoint_stalls_s"]],
+    }
 
 
-# ----------------------------------------------------------------------------- cold torchrun
+# ----------------------------------------------------------------------------- tables
+
+
+def job_table(work: Path, args: argparse.Namespace) -> Path:
+    """The job's table: ``--profile``'s, ``--sessions`` sessions, built once."""
+    root = work / f"{args.profile}_src"
+    if not (root / "table").exists():
+        generate_table(root, profile=args.profile, sessions=args.sessions)
+    return root / "table"
 
 
 def make_table(work: Path) -> Path:
@@ -433,12 +403,13 @@ def summarize_route(runs: list[dict[str, Any]], route: str) -> dict[str, Any]:
     if timelines:
         summary["recovery_s"] = spread([t["total"] for t in timelines])
         summary["lost_steps"] = spread([t["lost_steps"] for t in timelines])
-        keys = [k for k, v in timelines[0].items() if isinstance(v, float) and k != "total"]
-        summary["phases_median_s"] = {k: _median_finite([t[k] for t in timelines]) for k in keys}
+        summary["phases_median_s"] = {
+            k: _median_finite([t.get(k) for t in timelines]) for k in TIMELINE_KEYS
+        }
     return summary
 
 
-def _median_finite(values: list[float]) -> float | None:
+def _median_finite(values: list[float | None]) -> float | None:
     finite = [v for v in values if isinstance(v, int | float) and math.isfinite(v)]
     return float(statistics.median(finite)) if finite else None
 
@@ -455,7 +426,7 @@ def ratio(num: dict[str, Any], den: dict[str, Any]) -> dict[str, Any]:
 
 def fixed_cost_s(summary: dict[str, Any]) -> float:
     """Sum of a route's fixed recovery phases (medians)."""
-    return sum(summary["phases_median_s"][k] or 0.0 for k in FIXED_PHASES)
+    return sum(summary["phases_median_s"].get(k) or 0.0 for k in FIXED_PHASES)
 
 
 # ----------------------------------------------------------------------------- simulation
@@ -565,39 +536,38 @@ def run_variant(
 
 
 def reload_scaling(
-    routes: dict[str, Any], checkpoint_bytes: int, stall_s: float, target_bytes: float
+    checkpoint_bytes: int, stall_s: float, target_bytes: float, read_bytes_per_s: float | None
 ) -> dict[str, Any]:
-    """Reload bytes/s of each route and the factor that scales the measured checkpoint to
-    ``target_bytes`` (1 when it is at least that large)."""
+    """The factor that scales the measured checkpoint to ``target_bytes`` (1 when it is at
+    least that large), and the reload time the extra bytes add to a recovery: every rank of
+    a restart, and the survivor's replacement, read their own blocks (one rank's share) of the
+    checkpoint, at the measured read speed."""
     factor = max(target_bytes / checkpoint_bytes, 1.0)
-    out: dict[str, Any] = {
+    extra_bytes = max(target_bytes - checkpoint_bytes, 0.0) / WORLD_SIZE
+    extra_s = extra_bytes / read_bytes_per_s if read_bytes_per_s and factor > 1.0 else 0.0
+    return {
         "measured_checkpoint_bytes": checkpoint_bytes,
         "target_checkpoint_bytes": target_bytes,
         "factor": factor,
         "scaled": factor > 1.0,
-        "rule": "load phase and checkpoint stall x factor (bytes / measured bytes/s)",
+        "rule": "checkpoint stall x factor; each route's fixed cost + one rank's share of the "
+        "extra bytes at the measured page-cache read speed",
         "checkpoint_write_bytes_per_s": checkpoint_bytes / stall_s if stall_s else None,
+        "reload_bytes_per_s": read_bytes_per_s,
+        "extra_load_s": extra_s,
     }
-    for route in ("survivor", "restart"):
-        load = routes[route]["phases_median_s"]["load"]
-        out[f"{route}_reload_bytes_per_s"] = checkpoint_bytes / load if load else None
-        out[f"{route}_load_s_scaled"] = load * factor
-    return out
 
 
 def measured_inputs(
     routes: dict[str, Any], capture: dict[str, Any], stall: dict[str, Any], scaling: dict[str, Any]
 ) -> dict[str, float]:
     """The simulation's inputs, all measured on the job (scaled to the target size)."""
-    extra = scaling["factor"] - 1.0
     return {
         "step_s": capture["train_step_s"]["median"],
         "undo_overhead": capture["overhead_fraction"]["median"],
         "checkpoint_cost_s": stall["median"] * scaling["factor"],
-        "restart_fixed_s": fixed_cost_s(routes["restart"])
-        + extra * routes["restart"]["phases_median_s"]["load"],
-        "survivor_fixed_s": fixed_cost_s(routes["survivor"])
-        + extra * routes["survivor"]["phases_median_s"]["load"],
+        "restart_fixed_s": fixed_cost_s(routes["restart"]) + scaling["extra_load_s"],
+        "survivor_fixed_s": fixed_cost_s(routes["survivor"]) + scaling["extra_load_s"],
         "survivor_lost_steps": routes["survivor"]["lost_steps"]["median"],
     }
 
@@ -607,13 +577,15 @@ def run_simulation(
     capture: dict[str, Any],
     stall: dict[str, Any],
     checkpoint_bytes: int,
+    read_bytes_per_s: float | None,
     args: argparse.Namespace,
 ) -> dict[str, Any]:
     """The measured simulation, its spread, and the named assumed variants."""
     gaps = draw_gaps(args)
-    scaling = reload_scaling(routes, checkpoint_bytes, stall["median"], args.reload_target_gb * 1e9)
+    scaling = reload_scaling(
+        checkpoint_bytes, stall["median"], args.reload_target_gb * 1e9, read_bytes_per_s
+    )
     measured = measured_inputs(routes, capture, stall, scaling)
-    opt_ratio = capture["captured_step_s"]["median"] / capture["step_s"]["median"]
     variants = {
         "measured": run_variant(measured, [], gaps, args),
         "assumed_capture_0_05": run_variant(
@@ -626,9 +598,8 @@ def run_simulation(
                 "checkpoint_cost_s": args.at_scale_checkpoint_cost_s,
                 "restart_fixed_s": measured["restart_fixed_s"] * args.at_scale_cost_factor,
                 "survivor_fixed_s": measured["survivor_fixed_s"] * args.at_scale_cost_factor,
-                "undo_overhead": (opt_ratio - 1.0) * args.at_scale_optimizer_share,
             },
-            ["step_s", "checkpoint_cost_s", "cost_factor", "optimizer_share"],
+            ["step_s", "checkpoint_cost_s", "cost_factor"],
             gaps,
             args,
         ),
@@ -641,8 +612,6 @@ def run_simulation(
             "step_s": args.at_scale_step_s,
             "checkpoint_cost_s": args.at_scale_checkpoint_cost_s,
             "cost_factor": args.at_scale_cost_factor,
-            "optimizer_share": args.at_scale_optimizer_share,
-            "capture_over_optimizer_step_measured": opt_ratio,
         },
         "variants": variants,
     }
@@ -708,29 +677,47 @@ def measurer(work: Path, args: argparse.Namespace) -> Callable[[str, int], dict[
 
 
 def protocol(
-    args: argparse.Namespace, order: list[tuple[str, int]], loads: list[list[float]]
+    args: argparse.Namespace,
+    order: list[tuple[str, int]],
+    loads: list[list[float]],
+    runs: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """How the survivor, restart and capture figures were measured."""
-    job = make_job(args, Path("."), "survivor")
+    from recd.models.rm1 import table_sizes
+    from recd.schema import load_catalogue
+
+    drill = make_drill(args, Path("."), "survivor")
+    sizes = table_sizes(load_catalogue(args.profile), max_rows=args.rows)
+    files = [
+        s for r in runs if r["route"] != "torchrun" for s in r.get("checkpoint_file_bytes", [])
+    ]
     return {
-        "job": "recd.recovery.survivor.SurvivorJob: DLRM, tables row-wise sharded, ShardedAdam",
-        "world_size": job.world_size,
-        "steps": job.steps,
-        "checkpoint_every": job.checkpoint_every,
-        "kill_step": job.kill_step,
+        "job": "recd train --nproc 2 (recd.recovery.drill): DLRM, tables row-wise sharded, "
+        "ShardedAdam, recd's launcher",
+        "world_size": drill.world_size,
+        "steps": drill.steps,
+        "checkpoint_every": drill.checkpoint_every,
+        "kill_step": args.kill_step,
         "kill_rank": KILL_RANK,
-        "kill_point": job.kill_point,
-        "collective_timeout_s": job.collective_timeout_s,
-        "global_batch_size": job.batch_size,
-        "model": {"tables": job.tables, "rows": job.rows, "dim": job.dim},
-        "checkpoint_bytes": checkpoint_bytes_of(job),
+        "kill_point": drill.kill_point,
+        "global_batch_size": drill.batch_size,
+        "model": {
+            "profile": args.profile,
+            "sessions": args.sessions,
+            "tables": len(sizes),
+            "rows": args.rows,
+            "table_rows": sum(sizes.values()),
+            "dim": args.dim,
+        },
+        "checkpoint_bytes": max(files) if files else None,
         "repetitions": args.reps,
         "threads": {
             "torch_threads_per_worker": 1,
-            "workers": job.world_size,
+            "workers": drill.world_size,
             "cpu_count": os.cpu_count(),
         },
-        "launcher": "warm fork launcher (imports done) for survivor, restart and capture",
+        "launcher": "recd's (recd.recovery.agent): a warm spare replaces the dead rank "
+        "(survivor); every worker stopped, a new group started (restart)",
         "reload": "from the page cache: the checkpoint was just written",
         "loadavg_before": loads[0],
         "loadavg_after": loads[1],
@@ -771,9 +758,14 @@ def capture_spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def stall_spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Checkpoint stalls of every successful survivor and restart run."""
-    jobs = [r for r in runs if r["route"] in ("survivor", "restart") and "error" not in r]
-    return spread([s for r in jobs for s in r["checkpoint_stalls_s"]])
+    """Checkpoint stalls of every successful run of the job (failing and failure-free)."""
+    jobs = [r for r in runs if r["route"] != "torchrun" and "error" not in r]
+    return spread([s for r in jobs for s in r.get("checkpoint_stalls_s", [])])
+
+
+def read_speed(runs: list[dict[str, Any]]) -> float | None:
+    """Median page-cache read speed of the job's checkpoints (bytes/s) over the runs."""
+    return _median_finite([r.get("reload_bytes_per_s") for r in runs if "error" not in r])
 
 
 def summarize(
@@ -784,13 +776,13 @@ def summarize(
     capture, stall = capture_spread(runs), stall_spread(runs)
     complete = all("recovery_s" in routes[r] for r in ("survivor", "restart"))
     simulation = (
-        run_simulation(routes, capture, stall, proto["checkpoint_bytes"], args)
+        run_simulation(routes, capture, stall, proto["checkpoint_bytes"], read_speed(runs), args)
         if complete and capture["overhead_fraction"]["n"] and stall["n"]
         else None
     )
     return {
         "quick": args.quick,
-        **_ratios(routes, capture),
+        **_ratios(routes),
         **_speedups(simulation),
         "failed_runs": {route: len(s["failed_runs"]) for route, s in routes.items()},
         "recovery_time_s": _route_medians(routes, "recovery_s"),
@@ -805,7 +797,7 @@ def summarize(
     }
 
 
-def _ratios(routes: dict[str, Any], capture: dict[str, Any]) -> dict[str, Any]:
+def _ratios(routes: dict[str, Any]) -> dict[str, Any]:
     """The headline ratio (survivor / same-launcher restart) and the secondary ones."""
     survivor = routes["survivor"].get("recovery_s", {})
     headline = ratio(survivor, routes["restart"].get("recovery_s", {}))
@@ -814,7 +806,6 @@ def _ratios(routes: dict[str, Any], capture: dict[str, Any]) -> dict[str, Any]:
         "recovery_time_ratio": headline["value"],
         "recovery_time_ratio_range": headline["range"],
         "ratio_baseline": "restart",
-        "recovery_time_ratio_restart_without_capture": _restart_without_capture(routes, capture),
         "recovery_time_ratio_vs_cold_torchrun": cold["value"],
         "recovery_time_ratio_vs_cold_torchrun_range": cold["range"],
     }
@@ -839,27 +830,14 @@ def _route_medians(routes: dict[str, Any], key: str) -> dict[str, float | None]:
     return {r: s.get(key, {}).get("median") for r, s in routes.items() if r != "capture"}
 
 
-def _restart_without_capture(routes: dict[str, Any], capture: dict[str, Any]) -> float | None:
-    """survivor / (restart minus the capture time of its replayed steps): the restart route
-    runs the job's captured step though it never undoes one."""
-    restart, survivor = routes["restart"], routes["survivor"]
-    if (
-        "recovery_s" not in restart
-        or "recovery_s" not in survivor
-        or not capture["capture_extra_s"]["n"]
-    ):
-        return None
-    extra = max(capture["capture_extra_s"]["median"], 0.0) * restart["lost_steps"]["median"]
-    return survivor["recovery_s"]["median"] / (restart["recovery_s"]["median"] - extra)
-
-
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     order = plan_order(routes_of(args), args.reps, args.seed)
+    args.table = job_table(work, args)  # the tables are built once, before any timed run
     if args.torchrun:
-        make_table(work)  # built once, before any timed run
+        make_table(work)
     before = list(os.getloadavg())
     runs = run_schedule(order, measurer(work, args))
-    proto = protocol(args, order, [before, list(os.getloadavg())])
+    proto = protocol(args, order, [before, list(os.getloadavg())], runs)
     return summarize(args, runs, proto)
 
 
@@ -879,7 +857,7 @@ def markdown_lines(result: dict[str, Any]) -> list[str]:
     docs/benchmarks.md embeds it under its own heading)."""
     proto = result["protocol"]
     lines = [
-        f"recovery_time_ratio (survivor / restart-and-reload, same warm launcher, same job, "
+        f"recovery_time_ratio (survivor / restart-and-reload, same launcher, same job, "
         f"{_size_text(proto['checkpoint_bytes'])} checkpoint): "
         f"**{_fmt(result['recovery_time_ratio'])}** "
         f"(range {_fmt_range(result['recovery_time_ratio_range'])}; repetitions per route: "
@@ -889,15 +867,17 @@ def markdown_lines(result: dict[str, Any]) -> list[str]:
         "",
         f"Simulated speedup at measured costs: **{_fmt(result['simulated_speedup'])}x** "
         f"(range {_fmt_range(result['simulated_speedup_range'])}); assumed variants: "
-        f"capture 5% of a step {_fmt(result['simulated_speedup_assumed_capture_0_05'])}x, "
+        f"survivor mode 5% of a step "
+        f"{_fmt(result['simulated_speedup_assumed_capture_0_05'])}x, "
         f"at-scale costs {_fmt(result['simulated_speedup_assumed_at_scale'])}x. "
         f"Cold torchrun (a different, tiny job): survivor / torchrun "
         f"{_fmt(result['recovery_time_ratio_vs_cold_torchrun'])}.",
         "",
-        f"Job: {proto['world_size']} ranks x 1 thread, {proto['model']['tables']} tables x "
+        f"Job: `recd train --nproc {proto['world_size']}`, 1 thread each, "
+        f"{proto['model']['profile']} table, {proto['model']['tables']} tables of at most "
         f"{proto['model']['rows']:,} rows x {proto['model']['dim']}, {proto['steps']} steps, "
         f"checkpoint every {proto['checkpoint_every']}, rank {proto['kill_rank']} killed in step "
-        f"{proto['kill_step']}; load average {proto['loadavg_before'][0]:.2f} before, "
+        f"{proto['kill_step']} ({proto['kill_point']}); load average {proto['loadavg_before'][0]:.2f} before, "
         f"{proto['loadavg_after'][0]:.2f} after; `{proto['command']}`",
         "",
         "| route | recovery s (median) | min-max | lost steps | runs ok / failed |",
@@ -926,7 +906,9 @@ def markdown_lines(result: dict[str, Any]) -> list[str]:
     )
 
 
-def _size_text(size_bytes: float) -> str:
+def _size_text(size_bytes: float | None) -> str:
+    if size_bytes is None:
+        return "unknown-size"
     return f"{size_bytes / 1e9:.2f} GB" if size_bytes >= 1e8 else f"{size_bytes / 1e6:.1f} MB"
 
 
@@ -935,7 +917,8 @@ def _capture_lines(result: dict[str, Any]) -> list[str]:
     step = result["undo_capture"]["train_step_s"]
     return [
         "",
-        f"Update-undo capture: {_fmt(cap['median'])} of a {_fmt(step['median'], 4)} s step "
+        f"Failure-free cost of survivor mode (update-undo capture, warm spare): "
+        f"{_fmt(cap['median'])} of a {_fmt(step['median'], 4)} s step "
         f"(range {_fmt_range([cap['min'], cap['max']] if cap['n'] else None)}); checkpoint "
         f"stall {_fmt(result['checkpoint_stall_s']['median'], 2)} s.",
     ]
@@ -973,10 +956,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="7.7 MB checkpoint, no torchrun")
+    parser.add_argument("--quick", action="store_true", help="8 MB checkpoint, no torchrun")
     parser.add_argument("--reps", type=int, default=3, help="repetitions per route")
-    parser.add_argument("--tables", type=int, help="default 8 (quick 4)")
-    parser.add_argument("--rows", type=int, help="rows per table, default 700000 (quick 20000)")
+    parser.add_argument("--profile", help="the table's profile, default rm1-like")
+    parser.add_argument("--sessions", type=int, default=300, help="sessions of the table")
+    parser.add_argument(
+        "--rows", type=int, help="rows per table at most, default 100000 (quick 1500)"
+    )
     parser.add_argument("--dim", type=int, help="embedding width, default 16 (quick 8)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--checkpoint-every", type=int, default=5)
@@ -1001,13 +987,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     at_scale.add_argument("--at-scale-step-s", type=float, default=0.5)
     at_scale.add_argument("--at-scale-checkpoint-cost-s", type=float, default=60.0)
     at_scale.add_argument("--at-scale-cost-factor", type=float, default=10.0)
-    at_scale.add_argument("--at-scale-optimizer-share", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", type=Path)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     size = QUICK_SIZE if args.quick else FULL_SIZE
-    args.tables = args.tables or size.tables
+    args.profile = args.profile or size.profile
     args.rows = args.rows or size.rows
     args.dim = args.dim or size.dim
     if args.torchrun is None:
@@ -1018,6 +1003,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--headline-cadence must be one of --cadence-hours")
     given = sys.argv[1:] if argv is None else argv
     args.command = " ".join(["python benchmarks/recovery.py", *given])
+    args.table = None  # built by run()
     return args
 
 

@@ -4,9 +4,9 @@
     python benchmarks/storage.py --quick    # both profiles, 40k rows each, 8 shards (CI size)
     python benchmarks/storage.py --profile impressions   # storage_impressions.*
 
-The full run takes about 10 minutes on 2 quiet cores (rm1-like ~8: its rows are ~3 KB raw;
-clickstream ~1.5) and the DuckDB reference peaks at ~15 GB RSS on rm1-like 1M rows. Needs a
-DuckDB whose ``COPY`` takes ``ORDER_BY`` with ``PARTITION_BY`` (sorted partitioned writes: 2.0).
+The DuckDB reference needs much more memory than recd on rm1-like's 1M rows (its peak RSS is
+in the results). Needs a DuckDB whose ``COPY`` takes ``ORDER_BY`` with ``PARTITION_BY`` (sorted
+partitioned writes: 2.0).
 
 For each profile (``--profile``, default both: rm1-like, then clickstream), measured side by side
 on the same generated log:

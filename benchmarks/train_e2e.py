@@ -3,7 +3,7 @@ arrival-order table against IKJT on the clustered table, the ``rm1`` model.
 
     python benchmarks/train_e2e.py              # impressions (the whole profile, 313k rows)
                                                 # and rm1-like (100k rows), batch 2048,
-                                                # 3 seeds (~15 min on 2 cores)
+                                                # 3 seeds
     python benchmarks/train_e2e.py --quick      # both profiles at toy size, batch 512, 2 seeds
 
 What a user of recd runs, twice:
@@ -16,7 +16,7 @@ What a user of recd runs, twice:
   step), so the reader builds IKJTs and the model (``dedup = "full"``) runs lookups and the
   history transformers once per distinct row.
 
-Both sides are the same job (BENCHMARKS.md rule 1): the same training config but for the table
+Both sides are the same job: the same training config but for the table
 and the groups (model, optimizer, batch size, preprocessing, shuffle ``session``, steps, held
 out hours, one thread, reader in the training process), the same seeds. The tables come from
 the same logs (``recd.pipeline.reuse_or_build_tables``, as ``recd run`` builds them; kept in
@@ -33,7 +33,7 @@ the same number of batches) in the same shuffled order. Measured per training ru
   ``metrics.jsonl`` windows after the first ``WARMUP_SHARE`` of the steps; a window's time is
   the batch's reading plus the training step, the reader running in-process);
 - the whole process (start-up, imports, plan, every step, the final held-out evaluation):
-  wall seconds and CPU seconds (``getrusage`` of the child), rule 8;
+  wall seconds and CPU seconds (``getrusage`` of the child);
 - held-out loss, NE and AUC at the last step (every held-out row).
 
 Ratios are IKJT over KJT: the ratio of the medians, with the min-max of the per-round ratios
@@ -299,8 +299,8 @@ def reader_child(config_path: Path, batches: int) -> dict[str, Any]:
 
     from recd.reader import ResumableLoader
     from recd.reader.memory import keep_freed_memory
+    from recd.train.build import prepare_reader
     from recd.train.config import load_train_config
-    from recd.train.loop import prepare_reader
 
     torch.set_num_threads(1)
     keep_freed_memory()

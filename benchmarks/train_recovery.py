@@ -75,7 +75,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.recovery import draw_gaps, make_table, simulate_speedup  # noqa: E402
-from recd.recovery.rejoin import read_events  # noqa: E402
+from recd.recovery.audit import read_events  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 PHASES = ("forward", "lookup", "backward", "optimizer")

@@ -1,7 +1,6 @@
 """Trainer benchmark (RecD O5-O7, the paper's Figure 9 ablation) on rm1-like and clickstream.
 
     python benchmarks/trainer.py            # both profiles, 100k rows each, base batch 2048
-                                            # (~10 min on 2 quiet cores: rm1-like ~8, clickstream ~2)
     python benchmarks/trainer.py --quick    # both profiles, 10k rows each, base batch 256
 
 Data: each profile's logs are generated, sharded both ways and ETL'd into a clustered table
@@ -21,7 +20,7 @@ sequence group and per user-side feature), ids hashed into the table sizes, hist
 to the transformer length, ``log1p`` of the dense features.
 
 The ablation, one trainer process (``torch.set_num_threads(--threads)``, default 1: one process
-= one core; on this shared 2-core machine two intra-op threads made the many small ops wait on
+= one core; on a shared 2-core machine two intra-op threads made the many small ops wait on
 OpenMP barriers whenever another process held a core):
 
 1. ``kjt``: DedupMode.OFF fed plain KJTs (every IKJT expanded to the batch, as a reader

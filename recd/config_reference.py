@@ -20,6 +20,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from recd.config_types import OneOf, field_hints, range_text
 from recd.etl.config import EtlConfig
 from recd.pipeline import (
     AnalyzeStage,
@@ -84,6 +85,13 @@ def _markdown(text: str) -> str:
 
 
 def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) is typing.Annotated:
+        base, *extras = typing.get_args(hint)
+        choices = [v for e in extras if isinstance(e, OneOf) for v in e.values]
+        if choices:
+            return " \\| ".join(f'"{c}"' for c in choices)
+        bounds = range_text(hint)
+        return f"{_type_name(base)} {bounds}" if bounds else _type_name(base)
     if hint is type(None):
         return "none"
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
@@ -128,7 +136,7 @@ def _default(f: dataclasses.Field[Any]) -> str:
 def section_table(section: str, cls: type, *, title: str | None = None) -> str:
     """The Markdown of one TOML section (``title`` replaces the ``[section]`` heading)."""
     docs = field_docs(cls)
-    hints = typing.get_type_hints(cls)
+    hints = field_hints(cls)
     doc = _markdown(inspect.getdoc(cls) or "")
     lines = [
         title or f"### `[{section}]`",

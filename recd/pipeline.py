@@ -28,17 +28,29 @@ from __future__ import annotations
 
 import json
 import os
-import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeGuard
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeGuard
 
+import msgspec
 import tomli_w
 
-from recd.analyze.defaults import PRICINGS, Pricing
-from recd.config_types import build_section
+from recd.analyze.defaults import DEFAULT_THRESHOLD, Pricing
+from recd.config_types import (
+    NonNegativeInt,
+    OneOf,
+    PositiveInt,
+    build_section,
+    check_fields,
+    check_keys,
+    load_toml,
+)
 from recd.errors import ConfigError
+from recd.etl import config as etl_config
+from recd.etl.config import EtlConfig, ZstdLevel
+from recd.logs.ingest import BAD_ROW_POLICIES, DEFAULT_MEMORY_BUDGET_BYTES, MIB
 from recd.logs.ingest_mapping import IngestMapping
+from recd.logs.shard import DEFAULT_BLOCK_BYTES, DEFAULT_ZSTD_LEVEL
 from recd.reader.config import SPARSE_PREPROCESS_KINDS
 
 if TYPE_CHECKING:
@@ -52,12 +64,15 @@ class LogsStage:
 
     profile: str = "small"
     """Built-in profile (tiny, small, rm1-like, clickstream) or a catalogue TOML path."""
-    seed: int = 0
+    seed: NonNegativeInt = 0
     """Generator seed: the same seed writes byte-identical logs."""
-    sessions: int | None = None
+    sessions: PositiveInt | None = None
     """Override the profile's number of sessions."""
-    rows: int | None = None
+    rows: PositiveInt | None = None
     """Ask for about this many rows instead (scales the number of sessions)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "[logs] ", wording="must")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -71,20 +86,17 @@ class IngestStage:
     mapping: str | dict[str, Any] | None = None
     """The column mapping: a mapping TOML path (relative to the pipeline TOML), or the
     mapping's keys inline as ``[ingest.mapping]``; None: the default column names."""
-    on_bad_rows: str = "fail"
+    on_bad_rows: Annotated[str, OneOf(BAD_ROW_POLICIES)] = "fail"
     """``fail`` at the first bad line, or ``quarantine`` bad lines and go on."""
     delimiter: str = ","
     """CSV field delimiter."""
-    memory_budget_mb: int = 512
-    """Memory the streaming read is planned for (MiB, >= 16)."""
+    memory_budget_mb: Annotated[int, msgspec.Meta(ge=16)] = DEFAULT_MEMORY_BUDGET_BYTES // MIB
+    """Memory the streaming read is planned for (MiB)."""
 
     def __post_init__(self) -> None:
         if not self.input:
             raise ConfigError("[ingest] input: the event log to ingest is required")
-        if self.on_bad_rows not in ("fail", "quarantine"):
-            raise ConfigError(
-                f"[ingest] on_bad_rows = {self.on_bad_rows!r}: expected 'fail' or 'quarantine'"
-            )
+        check_fields(self, "[ingest] ", wording="must")
         if isinstance(self.mapping, dict):
             IngestMapping.from_dict(self.mapping, section="ingest.mapping")  # check it now
 
@@ -101,27 +113,33 @@ class IngestStage:
 class ShardStage:
     """Log-bus sharding (both keys are written, to report O1)."""
 
-    num_shards: int = 8
+    num_shards: PositiveInt = 8
     """Shards (log-bus storage nodes)."""
-    block_bytes: int = 1 << 20
+    block_bytes: PositiveInt = DEFAULT_BLOCK_BYTES
     """Uncompressed bytes a shard buffers before it compresses and flushes a block."""
-    zstd_level: int = 3
-    """zstd level of the shard blocks."""
+    zstd_level: int = DEFAULT_ZSTD_LEVEL
+    """zstd level of the shard blocks (negative levels are zstd's fast ones)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "[shard] ", wording="must")
 
 
 @dataclass(kw_only=True, slots=True)
 class EtlStage:
     """Clustering ETL."""
 
-    row_group_rows: int = 8192
+    row_group_rows: PositiveInt = etl_config.DEFAULT_ROW_GROUP_ROWS
     """Rows per Parquet row group (stripe)."""
-    zstd_level: int = 3
+    zstd_level: ZstdLevel = etl_config.DEFAULT_ZSTD_LEVEL
     """zstd level of the Parquet column chunks."""
-    memory_budget_mb: int | None = None
+    memory_budget_mb: PositiveInt | None = None
     """Bound on rows held in memory (MB of decoded rows); None: one shard at a time."""
     partition_by: Literal["hour", "day"] = "hour"
     """Partition granularity of the tables: ``hour``, or ``day`` for sparse logs (months of
     a small log would make thousands of hours of a few dozen rows each)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "[etl] ", wording="must")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -130,10 +148,10 @@ class AnalyzeStage:
     stage uses: ``recd analyze WORK/table --config WORK/train.toml`` (without ``--config``
     when ``[train] config`` is empty), the command the stage prints."""
 
-    batch_size: int | None = None
+    batch_size: PositiveInt | None = None
     """Batch size B of the analytic model, of the measured DedupeFactor and of the timed
     batches; None: the training job's ``[reader] batch_size`` (``[train] config``), else 512."""
-    threshold: float = 1.5
+    threshold: float = DEFAULT_THRESHOLD
     """Propose deduplicating features whose DedupeFactor exceeds this."""
     pricing: Pricing = "job"
     """What decides which candidates are proposed: ``job`` (the reader + the training step of
@@ -142,13 +160,7 @@ class AnalyzeStage:
     ``factor`` (the dedup factor alone, the paper's rule)."""
 
     def __post_init__(self) -> None:
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ConfigError(f"[analyze] batch_size must be >= 1, got {self.batch_size}")
-        if self.pricing not in PRICINGS:
-            raise ConfigError(
-                f"[analyze] pricing = {self.pricing!r}: expected one of "
-                f"{', '.join(map(repr, PRICINGS))}"
-            )
+        check_fields(self, "[analyze] ", wording="must")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -158,9 +170,9 @@ class TrainStage:
     config: str | None = "train_small.toml"
     """Training TOML, relative to the pipeline TOML; its table and run_dir are replaced by
     this job's ``work_dir/table`` and ``work_dir/train``, its dedup groups by the analysis'."""
-    steps: int | None = None
+    steps: PositiveInt | None = None
     """Override the training config's step count."""
-    holdout_hours: int | None = None
+    holdout_hours: PositiveInt | None = None
     """Hold out the table's last N partition hours (a day-partitioned table: N / 24 days, N a
     multiple of 24): the training config's ``[reader] end`` and ``[eval] start`` become the
     first held-out partition (for tables whose hours are only known once ingested); None:
@@ -177,8 +189,7 @@ class TrainStage:
     ``recd train --resume``; false: one ``recd train`` run, uninterrupted."""
 
     def __post_init__(self) -> None:
-        if self.holdout_hours is not None and self.holdout_hours < 1:
-            raise ConfigError(f"[train] holdout_hours must be >= 1, got {self.holdout_hours}")
+        check_fields(self, "[train] ", wording="must")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -199,17 +210,10 @@ class PipelineConfig:
 
     def __post_init__(self) -> None:
         self.work_dir = Path(self.work_dir)
-        if self.shard.num_shards < 1:
-            raise ConfigError(f"shard.num_shards must be >= 1, got {self.shard.num_shards}")
 
     @classmethod
     def from_toml(cls, path: Path) -> PipelineConfig:
-        if not path.is_file():
-            raise ConfigError(f"pipeline config {path} does not exist")
-        try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+        data = load_toml(path, "pipeline config")
         stages: dict[str, type] = {
             "logs": LogsStage,
             "ingest": IngestStage,
@@ -218,11 +222,7 @@ class PipelineConfig:
             "analyze": AnalyzeStage,
             "train": TrainStage,
         }
-        unknown = set(data) - {"run", *stages}
-        if unknown:
-            raise ConfigError(
-                f"{path}: unknown section(s) {sorted(unknown)}; expected run, {', '.join(stages)}"
-            )
+        check_keys(data, ["run", *stages], f"{path}: ", what="section")
         if "logs" in data and "ingest" in data:
             raise ConfigError(
                 f"{path}: give either [logs] (synthetic logs) or [ingest] (your event log), "
@@ -236,9 +236,7 @@ class PipelineConfig:
         run = data.get("run", {})
         if not isinstance(run, dict) or not isinstance(run.get("work_dir"), str):
             raise ConfigError(f"{path}: missing [run] work_dir (a directory path)")
-        unknown_keys = sorted(set(run) - {"work_dir"})
-        if unknown_keys:
-            raise ConfigError(f"{path}: [run] unknown key(s) {', '.join(unknown_keys)}")
+        check_keys(run, ["work_dir"], f"{path}: [run] ")
         work_dir = Path(run["work_dir"])
         if not work_dir.is_absolute():
             work_dir = Path.cwd() / work_dir
@@ -253,7 +251,6 @@ class PipelineConfig:
 
 def run_pipeline(config: PipelineConfig, *, show_progress: bool = True) -> dict[str, Any]:
     """Run every stage; print a summary per stage; return (and save) the combined report."""
-    from recd.etl.config import EtlConfig
     from recd.etl.local import run_etl
     from recd.logs.generate import generate_logs
     from recd.logs.shard import compare_sharding
@@ -530,10 +527,7 @@ def log1p_features(template: Path, catalogue: Catalogue) -> list[str]:
 
 def _template_reader(template: Path) -> dict[str, Any]:
     """The ``[reader]`` table of a training config ({} when it has none)."""
-    try:
-        data = tomllib.loads(template.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{template}: cannot read the training config: {exc}") from exc
+    data = load_toml(template, "training config")
     reader = data.get("reader", {})
     return reader if isinstance(reader, dict) else {}
 
@@ -579,10 +573,7 @@ def write_stage_train_config(
     groups and step count (what ``train_from_pipeline`` overrides in-process); with
     ``holdout_hours``, the table's last N hours are the ``[eval]`` range and the rest train;
     with ``log1p``, a last ``[reader] preprocessing`` step takes log1p of those features."""
-    try:
-        data = tomllib.loads(config_path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{config_path}: cannot read the training config: {exc}") from exc
+    data = load_toml(config_path, "training config")
     data.setdefault("reader", {})["table"] = str(Path(work_dir).resolve() / "table")
     if dedup_sparse_features is not None:
         data["reader"]["dedup_sparse_features"] = [list(g) for g in dedup_sparse_features]
@@ -757,7 +748,7 @@ def build_tables(
     rows: int | None = None,
     num_sessions: int | None = None,
     num_shards: int,
-    row_group_rows: int = 8192,
+    row_group_rows: int = etl_config.DEFAULT_ROW_GROUP_ROWS,
     keep_intermediate: bool = True,
     show_progress: bool = False,
     dedup: bool = False,
@@ -771,7 +762,6 @@ def build_tables(
     """
     import shutil
 
-    from recd.etl.config import EtlConfig
     from recd.etl.local import run_etl
     from recd.logs.generate import generate_logs
     from recd.logs.shard import compare_sharding

@@ -18,7 +18,6 @@ here: this module is the single source of truth.
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from importlib import resources
@@ -27,6 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from recd.config_types import parse_toml
 from recd.errors import ConfigError, SchemaError
 
 SESSION_ID = "session_id"
@@ -259,15 +259,8 @@ class Catalogue:
         return pa.schema(fields, metadata={CATALOGUE_METADATA_KEY: self.to_json().encode()})
 
     def table_schema(self) -> pa.Schema:
-        """The schema of the tables the ETL writes: :meth:`arrow_schema` with no nullable field
-        and no nullable list item.
-
-        The ETL rejects or quarantines every row with a null (``recd.etl.validate``), so the
-        table holds none, and Parquet then stores no definition levels for these columns:
-        readers decode them faster (measured with benchmarks/reader.py: fill 10% faster on the
-        unclustered rm1-like table, 16% on the clustered one).
-        Readers take either form (:func:`nullable_type`).
-        """
+        """:meth:`arrow_schema` with nothing nullable, as the ETL writes tables (it refuses nulls,
+        so Parquet stores no definition levels and readers decode faster)."""
         return strict_schema(self.arrow_schema())
 
     def to_dict(self) -> dict[str, Any]:
@@ -307,11 +300,7 @@ def load_catalogue(name_or_path: str | Path) -> Catalogue:
         raise ConfigError(
             f"unknown catalogue {source!r}: give a TOML file or one of {', '.join(PROFILE_NAMES)}"
         )
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source}: invalid TOML: {exc}") from exc
-    return Catalogue.from_dict(_expand_repeats(data), source=source)
+    return Catalogue.from_dict(_expand_repeats(parse_toml(text, source)), source=source)
 
 
 def _expand_repeats(data: dict[str, Any]) -> dict[str, Any]:

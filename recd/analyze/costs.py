@@ -3,54 +3,30 @@
 A dedup group turns K sparse columns of a batch from part of the plain KJT into an IKJT. The
 reader then pays the dedup conversion (stacking, run check, hash table, inverse, gathering the
 distinct rows, one more preprocessing call) and saves the work it would have spent on the
-duplicate rows (copying their ids, running the preprocessing modules on them). The trainer
-saves more: the model (:mod:`recd.models`) looks a group's ids up once per distinct row, runs
-the ``rm1`` sequence transformers once per distinct sequence, and expands the results with an
-``index_select`` (whose backward sums the duplicate rows' gradients). Whether a group pays
-depends on the machine, the preprocessing, the model and the group's shape, so a high
-DedupeFactor alone does not decide it: a one-id item feature saves the reader one id per
-duplicate row while its dedup costs a hash-table probe per row, and a history group repeated
-on every candidate row of a request saves the trainer a transformer pass per repeat.
+duplicate rows; the trainer saves more: the model (:mod:`recd.models`) looks a group's ids up
+once per distinct row and runs the ``rm1`` sequence transformers once per distinct sequence.
+Whether a group pays depends on the machine, the preprocessing, the model and the group's
+shape, so a high DedupeFactor alone does not decide it (a one-id item feature saves the reader
+one id per duplicate row while its dedup costs a hash-table probe per row).
 
-So the job itself is timed (:class:`JobTimer`), on a sample of the batches the reader cuts from
-the table (evenly spaced, full batches). One pass over the sample, per configuration of dedup
-groups, is what the job does with those batches:
+So the job itself is timed (:class:`JobTimer`) on an evenly spaced sample of the full batches
+the reader cuts from the table, one pass per configuration of groups: the **reader**'s
+conversion and sparse preprocessing on one thread, as a reader worker runs it (with fixed
+malloc thresholds, :mod:`recd.reader.memory`), and, for a training job, the **trainer**'s step
+of the job's own model and optimizer on its ``train.num_threads``
+(:class:`recd.analyze.trainer_cost.TrainerStep`; dense features and labels are zeros: that
+work is the same in every configuration and cancels). A trainer-priced analysis times fewer
+rows (:data:`JOB_SAMPLE_ROWS`, :data:`JOB_REPS` passes): it must stay a step of ``recd run``.
 
-* **reader**: conversion + the job's sparse preprocessing
-  (:func:`recd.tensors.convert.convert_sparse` and the job's TorchScript modules, as
-  :class:`recd.reader.transform.BatchTransform` runs them), on one thread, as a reader worker
-  runs;
-* **trainer** (priced for a training job, :class:`recd.analyze.trainer_cost.TrainerStep`): one
-  training step of the job's own model per batch (zero_grad, forward, loss, backward, Adam),
-  on the job's ``train.num_threads``, fed the sparse features that pass produced. Dense
-  features and labels are zeros (B x N, B x T): the dense work is the same in every
-  configuration, so it cancels in the differences that decide.
-
-Each configuration is warmed up by one pass. :func:`choose_groups` keeps the candidates by
-backward elimination *in context*: with every candidate deduplicated, each one is left out in
-turn, and a group stays only if leaving it out costs the priced job (reader + trainer, or the
-reader alone) more than :data:`PAY_MARGIN` of the plain job's time; what remains must beat the
-plain job by that margin too, else nothing is proposed.
-
-Every such verdict is a *paired* comparison (:meth:`JobTimer.difference`): the two
-configurations' passes alternate (a b, b a, a b, ...) and the pair of median total difference
-counts (its reader and trainer parts are the split reported per group). Timing each
-configuration once and subtracting the medians let one slow second of a shared machine decide:
-a run in which the every-group configuration was timed during such a second found every group
-"costing" and proposed none, where the runs before found the same groups saving.
-
-In context, because savings do not add up: on rm1-like, groups that each saved next to nothing
-alone saved clearly together (a smaller plain KJT stays in cache), so timing each group alone
-against the plain job kept fewer groups than pay. A first design, a per-machine linear model
-fitted on synthetic batches, mispredicted the same groups badly.
-
-The timings are still noisy on a shared machine, so a group near the margin can go either way
-between runs; either verdict then costs or saves little. ``recd analyze`` times the reader with
-fixed malloc thresholds, as reader worker processes run (:mod:`recd.reader.memory`): with
-glibc's dynamic threshold the plain job's reader time moved by half between passes of one
-process. A trainer-priced analysis times fewer rows per pass (:data:`JOB_SAMPLE_ROWS`, in
-:data:`JOB_REPS` passes per configuration): a training step costs far more than converting
-its batch, and the analysis must stay a step of ``recd run``, not a second training run.
+:func:`choose_groups` keeps the candidates by backward elimination *in context*, because
+savings do not add up (groups that each save little alone can save clearly together): with
+every candidate deduplicated, each one is left out in turn, and a group stays only if leaving
+it out costs the priced job more than :data:`PAY_MARGIN` of the plain job's time; what remains
+must beat the plain job by that margin too, else nothing is proposed. Every verdict is a
+*paired* comparison (:meth:`JobTimer.difference`: the two configurations' passes alternate and
+the median difference counts), so that one slow second of a shared machine cannot decide it.
+A group near the margin can still go either way between runs; either verdict then costs or
+saves little.
 """
 
 from __future__ import annotations

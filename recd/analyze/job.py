@@ -23,7 +23,6 @@ table, window, dedup groups and step count, which the analysis replaces or does 
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +35,7 @@ from recd.analyze.defaults import (
     Pricing,
 )
 from recd.analyze.table import TableAnalysis, analyze_table, table_sparse_features
+from recd.config_types import load_toml
 from recd.errors import ConfigError
 from recd.reader.memory import keep_freed_memory
 
@@ -202,12 +202,7 @@ def load_job(config: str | Path, table: str | Path) -> TrainConfig:
     from recd.train.config import TrainConfig
 
     path = Path(config)
-    if not path.is_file():
-        raise ConfigError(f"analyze: train config {path} does not exist")
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read the training config: {exc}") from exc
+    data = load_toml(path, "analyze: train config")
     data.pop("eval", None)
     if isinstance(data.get("reader"), dict):
         data["reader"] = {**data["reader"], "table": str(Path(table).resolve())}

@@ -28,22 +28,13 @@ Proposal: features whose DedupeFactor (measured) exceeds ``threshold`` are candi
 synchronised candidates are grouped to share one inverse lookup. Two features are
 synchronised when the catalogue puts them in one ``group``, or when their change points
 coincide on at least ``sync_threshold`` of the adjacent within-session row pairs. Then
-``pricing`` decides which candidates are proposed (:mod:`recd.analyze.costs`):
-
-* ``job`` (what ``recd analyze`` and ``recd run`` do, through :mod:`recd.analyze.job`): each
-  configuration of groups is timed as the training job runs it, the reader's conversion + the
-  job's sparse preprocessing *plus* the trainer step of the job's own model
-  (:mod:`recd.analyze.trainer_cost`), on a sample of the table's own batches; a group stays
-  only if leaving it out (every other candidate deduplicated) costs the job more than
-  ``PAY_MARGIN`` of the plain job (:func:`recd.analyze.costs.choose_groups`);
-* ``reader``: the same with the reader alone timed; a single feature of at most one id per row
-  is then never proposed (a hash-table probe per row costs the reader more than the one id it
-  saves), unless the table stores it in the dedup layout (``recd.table.layout``: no hashing, its
-  timing decides);
-* ``factor``: the factor alone decides, as in the paper.
-
-Each proposed and rejected group carries its expected saving in ms per 1k samples, split
-into the reader's and the trainer's part.
+``pricing`` decides which candidates are proposed: ``job`` (``recd analyze`` and ``recd run``,
+through :mod:`recd.analyze.job`) times the training job's reader and trainer step on the
+table's own batches and keeps the groups that pay (:mod:`recd.analyze.costs`); ``reader`` times
+the reader alone, so a single feature of at most one id per row is never proposed unless the
+table stores it in the dedup layout (no hashing: its timing decides); ``factor``: the factor
+alone decides, as in the paper. Each proposed and rejected group carries its expected saving
+in ms per 1k samples, split into the reader's and the trainer's part.
 """
 
 from __future__ import annotations

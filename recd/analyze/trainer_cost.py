@@ -2,8 +2,8 @@
 
 :class:`TrainerStep` builds what ``recd train`` builds in one process from a
 :class:`recd.train.config.TrainConfig`: the table's catalogue and the reader config with the
-``hash_modulo`` the trainer adds (:func:`recd.train.loop.prepare_reader`), the model
-(:func:`recd.train.loop.build_model_config`, :class:`recd.models.DLRM` seeded with
+``hash_modulo`` the trainer adds (:func:`recd.train.build.prepare_reader`), the model
+(:func:`recd.train.build.build_model_config`, :class:`recd.models.DLRM` seeded with
 ``train.seed``) and its optimizer (:class:`recd.optim.ModelAdam`). :meth:`TrainerStep.seconds`
 runs one step per batch, as :meth:`recd.train.loop.Trainer.train_step` does::
 
@@ -48,7 +48,7 @@ class TrainerStep:
     """
 
     def __init__(self, config: TrainConfig, *, name: str, with_model: bool = True) -> None:
-        from recd.train.loop import build_model_config, prepare_reader
+        from recd.train.build import build_model_config, prepare_reader
 
         self.config = config
         self.name = name

@@ -9,10 +9,12 @@
 - ``retention``: keep the newest K plus every Mth (by step), with their ``.state.json`` entries;
 - ``sidecars``: ``.loss.json`` (append-only JSON Lines), ``.samples.json``, ``.state.json``,
   pivot archive and fork;
+- ``state_file``: the trainer's ``.state.json`` document (data policy, reader position and
+  RNG per checkpoint step);
 - ``lock``: one owner per run directory (``.lock``), taken before anything in it is touched.
 
 Formats: the file in :mod:`recd.checkpoint.format`, the run directory and its sidecars in
-:mod:`recd.checkpoint.sidecars` and :mod:`recd.train.checkpointing`.
+:mod:`recd.checkpoint.sidecars` and :mod:`recd.checkpoint.state_file` (docs/checkpoints.md).
 """
 
 from recd.checkpoint.atomic import (
@@ -86,6 +88,7 @@ from recd.checkpoint.sidecars import (
     write_samples,
     write_state,
 )
+from recd.checkpoint.state_file import STATE_FORMAT, StateFile, read_step_state
 from recd.errors import (
     CheckpointChecksumError,
     CheckpointCorruptError,
@@ -103,6 +106,7 @@ __all__ = [
     "RUN_LOCK_FILE",
     "SAMPLES_FILE",
     "STATE_FILE",
+    "STATE_FORMAT",
     "Checkpoint",
     "CheckpointChecksumError",
     "CheckpointCorruptError",
@@ -121,6 +125,7 @@ __all__ = [
     "RunDirectoryBusyError",
     "RunDirectoryLock",
     "SidecarError",
+    "StateFile",
     "append_sample_audit",
     "apply_retention",
     "apply_retention_in_background",
@@ -150,6 +155,7 @@ __all__ = [
     "read_loss_history",
     "read_samples",
     "read_state",
+    "read_step_state",
     "remove_checkpoint",
     "validate_checkpoint",
     "verify_checksum",

@@ -41,9 +41,9 @@ Guarantees:
   k that precede the event are kept in the file (audit trail) but superseded in the canonical
   history ``read_loss_history`` returns.
 - *Cost.* ``append`` runs after every training step, when the step has just evicted the
-  interpreter's working set from the caches: there the ``json.dumps`` of a two-key record cost
-  ~50 us, 0.5% of a 10 ms step, so the common record (no extra keys, a finite loss) is
-  formatted directly, to the same bytes. The one ``write`` per step stays (~30 us there).
+  interpreter's working set from the caches: there the ``json.dumps`` of a two-key record is a
+  visible share of a small step, so the common record (no extra keys, a finite loss) is
+  formatted directly, to the same bytes. The one ``write`` per step stays.
 - *Durability.* ``append`` writes through to the OS (one ``write`` per line, survives SIGKILL);
   ``sync`` fsyncs (survives power loss). The trainer must call ``sync()`` before it commits each
   checkpoint; then after a power cut the durable history reaches at least the newest checkpoint,

@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+import functools
 
+from recd.cli.fields import add_field_option, check_field_options
 from recd.cli.output import add_json_option, emit
-from recd.etl.config import (
-    DEFAULT_TARGET_FILE_BYTES,
-    DICTIONARY_MODES,
-    ENGINES,
-    ON_BAD_ROWS,
-    TABLE_FORMATS,
-    EtlConfig,
-)
+from recd.etl.config import DEFAULT_TARGET_FILE_BYTES, EtlConfig
 from recd.etl.local import run_etl
-from recd.table.layout import LAYOUTS
-from recd.table.partitions import PARTITION_BY
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,37 +23,16 @@ def register(sub: argparse._SubParsersAction) -> None:
             "(see docs/tables.md)."
         ),
     )
-    parser.add_argument(
-        "shard_dir", type=Path, metavar="SHARD_DIR", help="output of `recd logs shard`"
-    )
-    parser.add_argument(
-        "--table", type=Path, required=True, metavar="DIR", help="table root directory"
-    )
-    parser.add_argument("--start", metavar="ISO", help="window start, inclusive (UTC, on an hour)")
-    parser.add_argument("--end", metavar="ISO", help="window end, exclusive (UTC, on an hour)")
-    parser.add_argument(
-        "--baseline",
-        action="store_true",
-        help="write rows in arrival order (refused into an Iceberg table that records the "
-        "clustered order; see docs/tables.md)",
-    )
-    parser.add_argument(
-        "--layout",
-        choices=LAYOUTS,
-        default="plain",
-        help="plain: every row's lists in full; dedup: each session's repeated and sliding "
-        "sparse values stored once (recd readers build IKJTs from it without hashing; "
-        "see docs/layout.md)",
-    )
-    parser.add_argument(
-        "--dedup-features",
-        type=_feature_list,
-        metavar="A,B,...",
-        help="with --layout dedup: the sparse features to encode (default: all)",
-    )
-    parser.add_argument(
-        "--row-group-rows", type=int, default=8192, metavar="N", help="rows per row group"
-    )
+    field = functools.partial(add_field_option, parser, cls=EtlConfig)
+    field("shard_dir", name="shard_dir", metavar="SHARD_DIR")
+    field("--table", name="table_dir", required=True, metavar="DIR")
+    field("--start", name="start", metavar="ISO")
+    field("--end", name="end", metavar="ISO")
+    field("--baseline", name="baseline")
+    field("--layout", name="layout")
+    field("--dedup-features", name="dedup_features", type=_feature_list, metavar="A,B,...")
+    field("--row-group-rows", name="row_group_rows", metavar="N")
+    # In MiB, not bytes: the field's unit is too fine for a flag.
     parser.add_argument(
         "--target-file-mb",
         type=float,
@@ -69,58 +40,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="MB",
         help="roll a partition's file at about this size (MiB, default %(default)g)",
     )
-    parser.add_argument("--zstd-level", type=int, default=3, metavar="L", help="zstd level (1..22)")
+    field("--zstd-level", name="zstd_level", metavar="L")
+    # In MiB, not bytes, as --target-file-mb.
     parser.add_argument(
         "--memory-budget",
         type=float,
         metavar="MB",
         help="bound on rows held in memory (MiB); larger shards are processed in several passes",
     )
-    parser.add_argument(
-        "--dictionary", choices=DICTIONARY_MODES, default="auto", help="dictionary encoding"
-    )
-    parser.add_argument(
-        "--on-bad-rows",
-        choices=ON_BAD_ROWS,
-        default="fail",
-        help="a row with a null key, bad ts, null feature or null id: fail (naming file, block, "
-        "row, field), or quarantine it under TABLE/_quarantine/ and count it",
-    )
-    parser.add_argument(
-        "--table-format",
-        choices=TABLE_FORMATS,
-        default=None,
-        help="iceberg: one snapshot per run (all or nothing); hive: each hour's directory "
-        "commits on its own (default: the table's format; iceberg for a new table)",
-    )
-    parser.add_argument(
-        "--partition-by",
-        choices=tuple(PARTITION_BY),
-        default=None,
-        help="partition granularity: hour (ds=D/hour=HH) or day (ds=D, for sparse logs; iceberg "
-        "tables only) (default: the table's own; hour for a new table)",
-    )
-    parser.add_argument(
-        "--catalog",
-        metavar="NAME",
-        help="Iceberg: register a new table in this pyiceberg catalog (configured in "
-        "~/.pyiceberg.yaml or PYICEBERG_CATALOG__NAME__* variables); default: an embedded "
-        "SQLite catalog in TABLE/_iceberg/",
-    )
-    parser.add_argument(
-        "--table-identifier",
-        metavar="NS.NAME",
-        help="Iceberg: the new table's name in its catalog (default recd.table)",
-    )
-    parser.add_argument(
-        "--engine", choices=ENGINES, default="local", help="local (embedded) or spark"
-    )
-    parser.add_argument(
-        "--spark-master",
-        metavar="URL",
-        help="Spark master for --engine spark (default: $SPARK_MASTER, spark-submit's, or "
-        "local[*]); shards and table must be on a filesystem every executor sees",
-    )
+    field("--dictionary", name="dictionary")
+    field("--on-bad-rows", name="on_bad_rows")
+    field("--table-format", name="table_format")
+    field("--partition-by", name="partition_by")
+    field("--catalog", name="catalog", metavar="NAME")
+    field("--table-identifier", name="table_identifier", metavar="NS.NAME")
+    field("--engine", name="engine")
+    field("--spark-master", name="spark_master", metavar="URL")
+    # Takes 'auto' for the field's None.
     parser.add_argument(
         "--workers",
         type=_workers,
@@ -130,11 +66,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(same bytes out); 'auto' (default): min(2, cores)",
     )
     add_json_option(parser, "the run's report")
+    # The field (show_progress) defaults to true: the flag turns it off.
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    check_field_options(args)
     config = EtlConfig(
         shard_dir=args.shard_dir,
         table_dir=args.table,

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import tomllib
 from pathlib import Path
 
+from recd.config_types import load_toml
 from recd.errors import ConfigError
 from recd.pipelines import DIR, SHIPPED, ShippedPipeline, shipped_names, shipped_pipeline
 
@@ -102,7 +102,7 @@ def copy_pipeline(
 
 def _print_next_steps(shipped: ShippedPipeline, target: Path, *, example_events: bool) -> None:
     config = target / shipped.files[0]
-    work_dir = tomllib.loads(config.read_text()).get("run", {}).get("work_dir", "?")
+    work_dir = load_toml(config, "pipeline config").get("run", {}).get("work_dir", "?")
     if shipped.example_events is not None and not example_events:
         events = target / shipped.example_events
         print(

@@ -12,18 +12,19 @@ from recd.errors import ConfigError, StorageError
 from recd.logs.ingest import (
     BAD_ROW_POLICIES,
     DEFAULT_MEMORY_BUDGET_BYTES,
-    DEFAULT_POSITIVE_EVENTS,
     FORMATS,
     MAX_LINE_BYTES,
-    QUOTE_CHARS,
-    SESSION_ID_MODES,
-    TS_UNITS,
-    IngestMapping,
     IngestReport,
     ingest_events,
     memory_bound_bytes,
-    shorten,
 )
+from recd.logs.ingest_mapping import (
+    DEFAULT_POSITIVE_EVENTS,
+    SESSION_ID_MODES,
+    TS_UNITS,
+    IngestMapping,
+)
+from recd.logs.ingest_values import QUOTE_CHARS, shorten
 from recd.writable import check_can_replace
 
 VOCAB_SHOWN = 20  # event types listed in the summary; _ingest.json has them all

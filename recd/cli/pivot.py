@@ -4,7 +4,7 @@
 
     recd pivot RUN_DIR --config NEW.toml [--from CKPT|STEP] [--steps N] [--nproc N] [--no-train]
 
-The pivot sequence (run directory: :mod:`recd.train.checkpointing`):
+The pivot sequence (run directory: docs/checkpoints.md):
 
 1. ``kill -USR1 <trainer>`` (checkpoint at the end of the step in flight, training goes on)
    or ``kill -TERM <trainer>`` (checkpoint, then exit 0);
@@ -28,6 +28,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from recd.cli.fields import check_field_options
+from recd.cli.train import add_run_overrides
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
@@ -48,9 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="CKPT",
         help="a step_NNNNNN.bin of RUN_DIR, or its step (default: the newest valid one)",
     )
-    parser.add_argument("--steps", type=int, metavar="N", help="override [train] steps")
-    parser.add_argument("--seed", type=int, metavar="S", help="override [train] seed")
-    parser.add_argument("--nproc", type=int, metavar="N", help="trainer processes")
+    add_run_overrides(parser, run_dir=False)
     parser.add_argument(
         "--no-train",
         action="store_true",
@@ -61,12 +62,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_pivot(args: argparse.Namespace) -> int:
     from recd.cli.train import run_train
-    from recd.errors import ConfigError
-    from recd.train.checkpointing import prepare_pivot
+    from recd.optim.sharded_adam import logical_layout
+    from recd.train.build import model_config_of
     from recd.train.config import load_train_config
-    from recd.train.loop import model_config_of
-    from recd.train.sharding import logical_layout
+    from recd.train.pivot import prepare_pivot
 
+    check_field_options(args)
     run_dir = args.run_dir.resolve()
     layout = logical_layout(model_config_of(load_train_config(args.config)))
     source: str | int | None = args.from_checkpoint
@@ -74,8 +75,6 @@ def run_pivot(args: argparse.Namespace) -> int:
         source = int(source)
     elif isinstance(source, str) and not Path(source).is_absolute() and "/" not in source:
         source = str(run_dir / source)
-    if args.steps is not None and args.steps < 1:
-        raise ConfigError(f"--steps: expected an integer >= 1, got {args.steps}")
     result = prepare_pivot(
         run_dir,
         from_checkpoint=source,

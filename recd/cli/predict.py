@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from recd.cli.fields import add_field_option, check_field_options
 from recd.cli.output import add_json_option, emit
+from recd.reader.config import ReaderConfig
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,7 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--table",
         help="score this table (the training table's columns) instead of [reader] table",
     )
-    parser.add_argument("--batch-size", type=int, help="rows per batch (default: [reader])")
+    add_field_option(
+        parser, "--batch-size", ReaderConfig, "batch_size", override="[reader] batch_size"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     add_json_option(parser, "the report")
     parser.set_defaults(func=run_predict)
@@ -51,6 +55,7 @@ def run_predict(args: argparse.Namespace) -> int:
     from recd.progress import progress_enabled
     from recd.train.config import load_train_config
 
+    check_field_options(args)
     config = load_train_config(args.config)
     start, end, table = args.start, args.end, args.table
     if args.eval_range:
@@ -63,8 +68,6 @@ def run_predict(args: argparse.Namespace) -> int:
         eval_reader = config.eval_reader()
         start, end = eval_reader.start, eval_reader.end
         table = config.eval.table
-    if args.batch_size is not None and args.batch_size < 1:
-        raise ConfigError(f"--batch-size: expected an integer >= 1, got {args.batch_size}")
     _check_out(args.out)  # before torch is imported and the model built
     from recd.train.inference import predict_table
 

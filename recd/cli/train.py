@@ -10,6 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from recd.cli.fields import add_field_option, check_field_options
+from recd.train.config import RunSection
+
 if TYPE_CHECKING:
     from recd.train.config import TrainConfig
 
@@ -39,22 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         required=True,
         help="train TOML, e.g. runs/small/train.toml (what recd run wrote)",
     )
-    parser.add_argument("--steps", type=int, metavar="N", help="override [train] steps")
-    parser.add_argument(
-        "--run-dir",
-        type=Path,
-        metavar="DIR",
-        help="override [train] run_dir (and the checkpoint directory, [checkpoint] dir)",
-    )
-    parser.add_argument(
-        "--seed", type=int, metavar="S", help="override [train] seed and [reader] seed"
-    )
-    parser.add_argument(
-        "--nproc",
-        type=int,
-        metavar="N",
-        help="trainer processes (override [train] world_size); N > 1 launches torchrun",
-    )
+    add_run_overrides(parser, run_dir=True)
     parser.add_argument(
         "--nnodes",
         type=int,
@@ -132,49 +120,57 @@ def register(sub: argparse._SubParsersAction) -> None:
             "valid one is used)"
         ),
     )
-    parser.add_argument(
-        "--accept-nonfinite",
-        action="store_true",
-        help=(
-            "accept NaN / infinity: --resume from a checkpoint whose weights or Adam state hold "
-            "them, and train on when a step's loss is not finite (default: skip such a "
-            "checkpoint; stop with an error at a non-finite loss)"
-        ),
-    )
+    add_field_option(parser, "--accept-nonfinite", RunSection, "accept_nonfinite")
     parser.set_defaults(func=run_train)
+
+
+def add_run_overrides(parser: argparse.ArgumentParser, *, run_dir: bool) -> None:
+    """``--steps``, ``--seed``, ``--nproc`` (and ``--run-dir``): overrides of the training
+    config's ``[train]`` fields (``recd train``, ``recd pivot``)."""
+    add_field_option(parser, "--steps", RunSection, "steps", override="[train] steps", metavar="N")
+    if run_dir:
+        add_field_option(
+            parser,
+            "--run-dir",
+            RunSection,
+            "run_dir",
+            override="[train] run_dir (and the checkpoint directory, [checkpoint] dir)",
+            metavar="DIR",
+        )
+    add_field_option(
+        parser, "--seed", RunSection, "seed", override="[train] seed and [reader] seed", metavar="S"
+    )
+    add_field_option(
+        parser, "--nproc", RunSection, "world_size", override="[train] world_size", metavar="N"
+    )
 
 
 def run_train(args: argparse.Namespace) -> int:
     """The ``recd train`` handler (also what ``recd pivot`` runs after its preparation)."""
     from recd.train.config import load_train_config
 
+    check_field_options(args)
     config = load_train_config(args.config)  # a bad config fails before torch is imported
     # Heavy imports (torch, torchrec) only here: `recd --help` stays fast.
     from recd.errors import ConfigError, RecoveryError
     from recd.progress import progress_enabled
     from recd.recovery.rejoin import EXIT_FALLBACK
     from recd.train.launch import Nodes, in_torchrun, launch_torchrun
-    from recd.train.loop import format_summary
+    from recd.train.results import format_summary
     from recd.train.run import run_training
     from recd.train.signals import forward_signals_to_workers
 
     if args.steps is not None:
-        if args.steps < 1:
-            raise ConfigError(f"--steps: expected an integer >= 1, got {args.steps}")
         config.train.steps = args.steps
     if args.run_dir is not None:
         config.train.run_dir = args.run_dir.resolve()
         config.checkpoint.dir = None  # the checkpoints follow the run directory
     if args.seed is not None:
-        if args.seed < 0:
-            raise ConfigError(f"--seed: expected an integer >= 0, got {args.seed}")
         config.train.seed = args.seed
         config.reader.seed = args.seed
     if getattr(args, "accept_nonfinite", False):
         config.train.accept_nonfinite = True
     nproc = config.train.world_size if args.nproc is None else args.nproc
-    if nproc < 1:
-        raise ConfigError(f"--nproc: expected an integer >= 1, got {nproc}")
     nodes = Nodes(
         nnodes=getattr(args, "nnodes", 1),
         node_rank=getattr(args, "node_rank", 0),

@@ -6,8 +6,11 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
+
+from recd.config_types import OneOf, PositiveInt, check_fields
 from recd.errors import ConfigError
 from recd.schema import Catalogue
 from recd.table.layout import LAYOUTS
@@ -17,8 +20,11 @@ ENGINES = ("local", "spark")
 TABLE_FORMATS = ("iceberg", "hive")
 DICTIONARY_MODES = ("auto", "all", "none")
 ON_BAD_ROWS = ("fail", "quarantine")
-ZSTD_LEVELS = range(1, 23)
+ZstdLevel = Annotated[int, msgspec.Meta(ge=1, le=22)]
+"""A zstd level of the Parquet column chunks."""
 DEFAULT_TARGET_FILE_BYTES = 256 << 20
+DEFAULT_ROW_GROUP_ROWS = 8192
+DEFAULT_ZSTD_LEVEL = 3
 
 
 @dataclass(kw_only=True, slots=True)
@@ -35,37 +41,40 @@ class EtlConfig:
     day-partitioned table: at midnight). None: from the first row."""
     end: str | None = None
     """Window end (exclusive, UTC), same formats as ``start``. None: through the last row."""
-    row_group_rows: int = 8192
+    row_group_rows: PositiveInt = DEFAULT_ROW_GROUP_ROWS
     """Rows per Parquet row group (every row group of a file has exactly this many, except the
     file's last one and ones written early because the write buffers were full)."""
-    target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES
+    target_file_bytes: PositiveInt = DEFAULT_TARGET_FILE_BYTES
     """Roll a partition's file once it holds this many bytes (closed at the next session
     boundary; a file may exceed it by about a row group and a session). The local engine keeps
     one open file per partition across all shards; the Spark engine sizes its default number of
     output partitions from it."""
-    zstd_level: int = 3
-    """zstd compression level of the Parquet column chunks (1..22)."""
+    zstd_level: ZstdLevel = DEFAULT_ZSTD_LEVEL
+    """zstd compression level of the Parquet column chunks."""
     baseline: bool = False
-    """Write rows in arrival order (the unclustered baseline) instead of clustered by session."""
-    memory_budget_bytes: int | None = None
+    """Write rows in arrival order (the unclustered baseline) instead of clustered by session;
+    refused into an Iceberg table that records the clustered order (docs/tables.md)."""
+    memory_budget_bytes: PositiveInt | None = None
     """Bound on the rows held in memory at once (local engine): a quarter goes to the partition
     writers' row buffers, the rest to a pass over a shard; a shard whose decoded size exceeds
     that is processed in several passes, each keeping the sessions of one hash bucket. None:
     one pass per shard (memory bounded by the largest shard, or two with ``workers`` >= 2:
     one read ahead) and 256 MiB of write buffers."""
-    dictionary: str = "auto"
+    dictionary: Annotated[str, OneOf(DICTIONARY_MODES)] = "auto"
     """Parquet dictionary encoding: ``auto`` (per column, where it pays on measured
     statistics), ``all`` or ``none``; see recd.etl.encodings."""
-    on_bad_rows: str = "fail"
-    """``fail``: raise on the first bad row; ``quarantine``: write bad rows to
-    ``TABLE/_quarantine/<run>/`` with the reason, count them and go on."""
-    engine: str = "local"
+    on_bad_rows: Annotated[str, OneOf(ON_BAD_ROWS)] = "fail"
+    """A row with a null key, bad ts, null feature or null id: ``fail`` raises on the first,
+    naming file, block, row and field; ``quarantine`` writes bad rows to
+    ``TABLE/_quarantine/<run>/`` with the reason, counts them and goes on."""
+    engine: Annotated[str, OneOf(ENGINES)] = "local"
     """``local`` (embedded, one process) or ``spark`` (needs the ``recd[spark]`` extra)."""
     show_progress: bool = True
     """Show a progress bar per shard (also silenced by ``RECD_PROGRESS=0``)."""
     spark_master: str | None = None
-    """Spark master URL for ``engine="spark"`` (None: the Spark engine's default, local mode)."""
-    layout: str = "plain"
+    """Spark master URL for ``engine="spark"`` (None: ``$SPARK_MASTER``, spark-submit's, or
+    ``local[*]``); shards and table must be on a filesystem every executor sees."""
+    layout: Annotated[str, OneOf(LAYOUTS)] = "plain"
     """``plain``: every row's lists stored in full. ``dedup``: each session's repeated and
     sliding sparse values stored once (``recd.table.layout``; docs/layout.md); recd's readers build
     IKJTs from it without hashing."""
@@ -74,7 +83,7 @@ class EtlConfig:
     ``recd.table.layout.MAX_STORED_FRACTION`` of their ids on the ETL's sample whose encoded columns
     take at most ``MAX_SIZE_RATIO`` times the plain column's bytes there (features changing
     on the same rows decided together; see docs/layout.md)."""
-    table_format: str | None = None
+    table_format: Annotated[str, OneOf(TABLE_FORMATS)] | None = None
     """``iceberg`` (one Iceberg snapshot per run: the run becomes visible all at once or not
     at all; recd.table.iceberg) or ``hive`` (each hour's directory commits on its own). None: the
     table's own format, ``iceberg`` for a new table. See docs/tables.md."""
@@ -84,11 +93,11 @@ class EtlConfig:
     in ``TABLE/_iceberg/``. An existing table keeps the catalog it was created in."""
     table_identifier: str | None = None
     """Iceberg: ``namespace.name`` of a new table in its catalog (default ``recd.table``)."""
-    partition_by: str | None = None
+    partition_by: Annotated[str, OneOf(tuple(PARTITION_BY))] | None = None
     """Partition granularity: ``hour`` (``ds=D/hour=HH``) or ``day`` (``ds=D``; for sparse logs,
     whose hours would hold a few dozen rows each; needs the iceberg format). None: the table's
     own, ``hour`` for a new table."""
-    workers: int | None = None
+    workers: PositiveInt | None = None
     """Threads of the local engine (pyarrow's kernels release the GIL). 1: serial. 2 or more:
     a reader thread prepares (decodes, validates, sorts) the next shard-pass while this thread
     writes the current one; two passes in memory, so only without a budget (peak: about two
@@ -99,26 +108,7 @@ class EtlConfig:
     def __post_init__(self) -> None:
         self.shard_dir = Path(self.shard_dir)
         self.table_dir = Path(self.table_dir)
-        if self.row_group_rows < 1:
-            raise ConfigError(f"row_group_rows must be >= 1, got {self.row_group_rows}")
-        if self.target_file_bytes < 1:
-            raise ConfigError(f"target_file_bytes must be >= 1, got {self.target_file_bytes}")
-        if self.zstd_level not in ZSTD_LEVELS:
-            raise ConfigError(f"zstd_level must be in 1..22, got {self.zstd_level}")
-        if self.memory_budget_bytes is not None and self.memory_budget_bytes < 1:
-            raise ConfigError(
-                f"memory_budget_bytes must be >= 1 or None, got {self.memory_budget_bytes}"
-            )
-        if self.workers is not None and self.workers < 1:
-            raise ConfigError(f"workers must be >= 1 or None (auto), got {self.workers}")
-        _check_choice("dictionary", self.dictionary, DICTIONARY_MODES)
-        _check_choice("on_bad_rows", self.on_bad_rows, ON_BAD_ROWS)
-        _check_choice("engine", self.engine, ENGINES)
-        _check_choice("layout", self.layout, LAYOUTS)
-        if self.table_format is not None:
-            _check_choice("table_format", self.table_format, TABLE_FORMATS)
-        if self.partition_by is not None:
-            _check_choice("partition_by", self.partition_by, tuple(PARTITION_BY))
+        check_fields(self, wording="must")
         if self.table_format == "hive" and (self.catalog or self.table_identifier):
             raise ConfigError("catalog and table_identifier are Iceberg options")
         if self.dedup_features is not None and self.layout != "dedup":
@@ -282,11 +272,6 @@ def window_of(config: EtlConfig) -> dict[str, str | None]:
         "start": None if start_ms is None else format_time_ms(start_ms),
         "end": None if end_ms is None else format_time_ms(end_ms),
     }
-
-
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
 
 
 def _hour_aligned_ms(text: str, name: str) -> int:

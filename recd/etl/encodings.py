@@ -15,11 +15,11 @@ What the measurements showed (``measure_encodings`` on the small and rm1-like pr
 textbook rule "dictionary when the distinct ratio is low" is wrong *after clustering*. A static
 user feature or ``session_id`` has a distinct ratio of 1/S, yet in clustered order its values
 come in runs that zstd removes from PLAIN bytes almost for free, while dictionary indices are
-bit-packed so the repeats no longer align on bytes: dictionary was 1.4-2x larger there. The
+bit-packed so the repeats no longer align on bytes: dictionary came out larger there. The
 rule used by ``auto`` is therefore two-step:
 
 1. distinct ratio > ``DICTIONARY_MAX_DISTINCT_RATIO`` (nearly unique values: ``request_id``,
-   ``ts``, prices, per-item ids): never dictionary (1.4-1.9x larger in every measurement);
+   ``ts``, prices, per-item ids): never dictionary (larger in every measurement);
 2. otherwise encode a sample of the first shard's rows (in output order, same row-group size and
    zstd level as the table) with each candidate and keep the smallest; ties go to the simpler
    encoding (PLAIN, then DELTA/BYTE_STREAM_SPLIT, then dictionary).
@@ -204,7 +204,7 @@ def trial_bytes(
     """Column -> {encoding: compressed bytes of ``sample``'s column under that encoding}.
 
     One in-memory write per candidate covers all columns of ``sample`` (encodings are
-    independent per column). Dictionary trials take about 10x the sample's bytes of memory:
+    independent per column). Dictionary trials take many times the sample's bytes of memory:
     pass column groups (see :func:`plan_encodings`) to bound it.
     """
     sizes: dict[str, dict[str, int]] = {name: {} for name in sample.column_names}
@@ -227,7 +227,7 @@ def smallest_bytes(
 ) -> dict[str, int]:
     """Column -> compressed bytes of ``sample``'s column under the smaller of PLAIN and
     DELTA_BINARY_PACKED / BYTE_STREAM_SPLIT (dictionary is left out: it never won on
-    clustered lists, and its trial takes ~10x the sample's memory)."""
+    clustered lists, and its trial takes many times the sample's memory)."""
     sizes: dict[str, int] = {}
     for encoding_by_kind in (
         {"int": PLAIN, "float": PLAIN, "list": PLAIN},
@@ -298,7 +298,7 @@ def plan_encodings(
 
     Measured on the first ``sample_rows`` rows in output order (``order``: row indices of the
     output order; None: ``table`` is already in output order), a group of columns at a time
-    holding about ``sample_bytes`` (trial dictionary encoding takes ~10x that in memory).
+    holding about ``sample_bytes`` (trial dictionary encoding takes many times that in memory).
     """
     if mode not in DICTIONARY_MODES:
         raise ConfigError(f"dictionary must be one of {', '.join(DICTIONARY_MODES)}, got {mode!r}")

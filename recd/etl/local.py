@@ -135,19 +135,19 @@ log = logging.getLogger(__name__)
 
 # Peak memory of a pass, as a multiple of the decoded bytes of the rows it holds: the rows (the
 # blocks, then one contiguous copy), the sort keys and indices, the per-partition pieces taken
-# from them, a row group being encoded, allocator slack. Measured about 2.8x with jemalloc on
-# one 33 MB shard (tests/integration/test_etl_memory.py builds such data);
-# the budget left after the write buffers (pass_budget_bytes) splits a shard into P passes so
-# that PASS_MEMORY_FACTOR x decoded / P <= that. On top comes a fixed cost (Parquet writers,
-# zstd contexts, encoding trial: ~20-60 MB RSS depending on the allocator).
+# from them, a row group being encoded, allocator slack: set just above what the data of
+# tests/integration/test_etl_memory.py measures with jemalloc. The budget left after the write
+# buffers (pass_budget_bytes) splits a shard into P passes so that PASS_MEMORY_FACTOR x decoded
+# / P <= that. On top comes a fixed cost (Parquet writers, zstd contexts, encoding trial, which
+# depends on the allocator).
 PASS_MEMORY_FACTOR = 3.0
 # Under a memory budget the partitions' write buffers get 1/WRITE_BUFFER_SHARE of it, passes the
 # rest; without one they hold at most DEFAULT_WRITE_BUFFER_BYTES (all partitions together).
 WRITE_BUFFER_SHARE = 4
 DEFAULT_WRITE_BUFFER_BYTES = 256 << 20
 # When the write buffers reach their cap, the largest decoded buffer is first compressed (Arrow
-# IPC record batch messages in one zstd frame each, level 1: ~4-6x smaller on clustered rows, a
-# few ms per MB); only when every buffer is compressed is the largest written early as a
+# IPC record batch messages in one zstd frame each, level 1: several times smaller on clustered
+# rows, and cheap); only when every buffer is compressed is the largest written early as a
 # shorter row group. Fast while memory allows, and full row groups long after it no longer does.
 SPOOL_ZSTD_LEVEL = 1
 # Files open at once (one per partition being written); past this the least recently written
@@ -450,8 +450,7 @@ class SpoolCodec:
 
     The schema is known (every buffered table has the pass tables' schema), so only the record
     batch messages are stored. Compressed and decoded buffers come from Arrow's memory pool:
-    with Python ``bytes`` (glibc's heap) the churn of freed frames stayed resident (+70 MB RSS
-    on rm1-like).
+    with Python ``bytes`` (glibc's heap) the churn of freed frames stayed resident.
     """
 
     def __init__(self, schema: pa.Schema, *, level: int = SPOOL_ZSTD_LEVEL) -> None:
@@ -978,8 +977,8 @@ class LocalEtl:
     def _after_pass(self) -> None:
         if self.config.memory_budget_bytes is not None:
             # Give the freed pass memory back, so that RSS follows the budget. Without one the
-            # next pass reuses it: releasing cost ~15% CPU in page faults on rm1-like shards
-            # for ~3% lower peak RSS.
+            # next pass reuses it: releasing costs far more CPU in page faults than the peak RSS
+            # it saves.
             pa.default_memory_pool().release_unused()
         delay_s = float(os.environ.get(SHARD_DELAY_ENV, "0") or 0)
         if delay_s > 0:

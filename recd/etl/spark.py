@@ -7,87 +7,31 @@ spread over a Spark cluster::
               (frame headers only); plan encodings on a sample of the first shard
     stage 1   source "recd_shards": one task per unit decodes its zstd frames (Arrow IPC) and
               validates them with recd.etl.validate (the same checks, messages and quarantine
-              as the local engine); yields Arrow record batches + ``_hour`` = ts // 1 h (UTC
-              by construction: integer ms since the epoch, no time zone involved; a
-              day-partitioned table: ts // 1 day, so "hour" below reads "day")
+              as the local engine); yields Arrow record batches + ``_hour`` = ts // 1 h (UTC:
+              integer ms since the epoch; a day-partitioned table: ts // 1 day)
     shuffle   repartition(N, session_id)            (Spark's murmur3 hash of session_id;
-              sortWithinPartitions(_hour, session_id,  N sized for target_file_bytes, below)
+              sortWithinPartitions(_hour, session_id,  N sized for target_file_bytes)
                                    ts, request_id, _seq)
     stage 2   sink "recd_table": each task streams its sorted rows into one zstd Parquet file
               per hour, TABLE/_tmp-<run>/ds=D/hour=HH/part-NNNNN.parquet, written by pyarrow
     driver    commit every staged partition with recd.table.hive (_SUCCESS, rename)
 
 A session lives in exactly one shuffle partition, so each session's rows of an hour are
-contiguous and ts-sorted in exactly one file, as with the local engine. Rows with equal keys
-(the candidates of one request in an impression log) keep their order in the shards, as the
-local engine's stable sort keeps it: ``_seq`` (= unit << 40 | row in unit) is the last key. ``baseline`` keeps
-arrival order instead: one unit per shard, no shuffle, ``coalesce(N)`` (contiguous runs of
-shards per task) and a sort by hour and ``_seq`` (= unit << 40 | row in unit): each task's file
-of an hour holds its shards' rows shard after shard in arrival order, so the files of a
+contiguous and ts-sorted in exactly one file, as with the local engine; ``_seq`` (= unit << 40
+| row in unit), the last key, keeps rows with equal keys (a request's candidates) in shard
+order, as the local engine's stable sort does. ``baseline`` keeps arrival order instead: one
+unit per shard, no shuffle, ``coalesce(N)`` and a sort by hour and ``_seq``, so the files of a
 partition in name order hold exactly the rows of the local engine's files, in the same order.
 
-Files per hour. Every write task writes one file per hour it has rows for, so an hour gets N
-files (N = ``output_partitions``). The default sizes N for ``target_file_bytes`` per file:
-``ceil(decoded bytes x parquet fraction / (hours x target_file_bytes))``, at least 1, where
-decoded bytes come from the shards' frame headers, the Parquet fraction (file bytes per decoded
-byte) is measured by writing the encoding sample with the chosen plan, and hours is the window
-(or, without one, the span of the first shard, which like every session shard covers the whole
-log window). Files then come out near the target, not hours x compression ratio times smaller
-as with N = decoded bytes / target. Fewer tasks mean less write parallelism: pass
-``output_partitions`` to trade file size for parallelism.
-
-Why pyarrow writes the files (and not Spark's Parquet writer): readers recover the catalogue
-from the Arrow schema metadata (recd.schema.CATALOGUE_METADATA_KEY), sparse columns must read
-back as ``list<int64>`` with Arrow's field names, and recd.etl.encodings picks an encoding per
-column (PLAIN / DELTA_BINARY_PACKED / BYTE_STREAM_SPLIT / dictionary). Spark's writer
-(parquet-mr) only takes footer key-values from its WriteSupport (Spark's own row metadata), has
-no Arrow schema and no per-column encoding choice, so its files would need a second pass that
-rewrites every file with pyarrow (reading and writing the whole table twice). The Python data
-source API (Spark >= 4.0) lets the tasks write with pyarrow directly: one write, the same
-writer options as the local engine, and Spark's commit protocol hands the driver exactly the
-files of the successful task attempts. It also needs no pandas (``mapInArrow`` does). Hence
-PySpark >= 4.0 (with 3.5, ``pyspark.sql.datasource`` is missing and ``recd etl`` says to
-install the extra).
-
-Bad input: every unit task writes its counts (``stats.json``) and its quarantined rows,
-blocks and frames into ``TABLE/_tmp-<run>/_units/unit-NNNNNN/`` (a retried attempt writes a
-fresh hidden directory and renames it into place, so counts are exactly once); the driver sums
-them and merges the quarantine into ``TABLE/_quarantine/<run>/`` with the local engine's layout.
-With ``on_bad_rows="fail"`` the failing task also records its error and the driver raises the
-same BadRowError / SchemaError the local engine raises (file, block, row, field).
-
-Scaling out. Shards, the table and the Python environment must be visible to the driver and
-every executor under the same paths: a shared POSIX filesystem (NFS, Lustre, or an object store
-mounted with a FUSE driver). The commit protocol renames directories and takes an flock, so
-the table cannot live on a bare ``s3://`` URL. Every node needs a Python with ``recd``
-installed at one path (a venv on the shared filesystem or baked into the image), named by
-``PYSPARK_PYTHON``: PySpark starts executor *and* driver-side data-source workers with it.
-Then either::
-
-    export PYSPARK_PYTHON=/shared/recd-venv/bin/python
-    SPARK_MASTER=spark://host:7077 recd etl /shared/shards --table /shared/table --engine spark
-    SPARK_MASTER=yarn PYSPARK_SUBMIT_ARGS="--num-executors 50 --executor-memory 8g pyspark-shell" \\
-        recd etl /shared/shards --table /shared/table --engine spark
-
-(client mode: ``recd`` is the driver), or with ``spark-submit`` and a two-line driver script
-(spark-submit runs ``.py`` files, not ``-m``)::
-
-    # etl_job.py
-    import sys
-    from recd.cli import main
-    sys.exit(main(["etl", *sys.argv[1:], "--engine", "spark"]))
-
-    spark-submit --master yarn --deploy-mode client --num-executors 50 \\
-        etl_job.py /shared/shards --table /shared/table
-
-An already active SparkSession (spark-submit, a notebook, tests) is used as it is and left
-running; a session this module starts is stopped at the end. Without a master from the
-argument, ``SPARK_MASTER`` or spark-submit, Spark runs in process as ``local[*]``. The output
-has ``output_partitions`` files per hour (default: sized for ``target_file_bytes``, above);
-units are about UNIT_BYTES of decoded rows, so a few large shards still spread over many
-executors. Memory per task is bounded by one block (decode), Spark's spilling sort (shuffle)
-and one row group (write); ``memory_budget_bytes`` does not apply (Spark manages memory).
-``peak_rss_bytes`` in the report is the driver process only.
+pyarrow writes the files (through the Python data source API, hence PySpark >= 4.0) because
+readers need the catalogue in the Arrow schema metadata, ``list<int64>`` sparse columns and
+recd.etl.encodings' per-column encodings, none of which Spark's Parquet writer can give without
+a second pass over the table; Spark's commit protocol still hands the driver exactly the files
+of the successful task attempts. Every unit task writes its counts and quarantined rows under
+``TABLE/_tmp-<run>/_units/`` (a retried attempt renames a fresh directory into place, so
+counts are exactly once); the driver sums and merges them, and re-raises a failing task's
+BadRowError / SchemaError. docs/scaling.md has how to run it on a cluster (shared filesystem,
+``PYSPARK_PYTHON``, ``spark-submit``), the file sizing (``output_partitions``) and memory.
 """
 
 from __future__ import annotations

@@ -1,98 +1,22 @@
 """Synthetic production inference logs (``recd logs generate``), vectorised and deterministic.
 
-The model, from users to the log bus:
+The model, from users to the log bus (docs/synthetic-logs.md has it in full): sessions start
+uniformly in the window with a heavy-tailed (discrete Lomax) number of requests and
+exponential gaps; every sparse feature has a change mask (unchanged with probability d(f))
+shared by its ``group``, bounded Zipf ids and mean length l(f), and ``history`` features are
+per-session id streams of which a row shows the last ``max_length``; dense features are
+log-normal; labels follow a logistic model of item popularity and history depth (an
+impression log: at most one click per request); inference servers flush their buffers to the
+log bus, so the raw log interleaves concurrent sessions in landing order.
 
-Sessions
-    ``num_sessions`` user sessions start uniformly at random inside the window
-    ``[start, start + duration_s)``. Samples (requests) per session follow a discrete Lomax
-    (Pareto II) law with shape ``tail_shape``, capped at ``max_samples``; its scale is solved
-    so that the capped mean is exactly ``mean_samples`` (S). Sizes are drawn by stratified
-    sampling (one uniform per 1/N quantile slice, shuffled), which keeps the heavy tail but
-    makes the measured S of a run close to the configured one. Gaps between the requests of a
-    session are exponential with mean ``mean_gap_s`` (at least 1 ms, so ``ts`` is strictly
-    increasing inside a session). Sessions may run past the end of the window, as real
-    sessions do. ``session_id`` and ``request_id`` are bijective 63-bit scramblings of counters
-    (random-looking, positive, never repeated).
-
-Sparse features (one ``list<int64>`` per row)
-    Every feature has a change mask: on a session's later rows the value is unchanged with
-    probability d(f) = ``unchanged_prob`` (the first row always gets a fresh value). Features
-    of one ``group`` share the mask and the lengths (the group's first feature leads; the
-    others derive their ids deterministically from the leader's ids, like seller = f(item)),
-    so they change on exactly the same rows. Ids are bounded Zipf ranks over
-    ``[0, cardinality)`` with weights ``(rank + 1) ** -zipf_exponent`` (see ``BoundedZipf``),
-    scattered over the id space by a per-feature bijection ``id = (rank * a + b) % cardinality``.
-
-    * ``static`` and ``item``: a change draws a fresh list; lengths are ``1 + Poisson(l - 1)``
-      (or Bernoulli(l) when l < 1), so the mean length is l(f). A fresh list never equals the
-      session's previous one (its first rank is bumped on a collision), so the measured d(f)
-      is the configured one. Static features normally have d = 1 (one value per session),
-      item features d = 0 (a new value on every row).
-    * ``history``: a per-session stream of ids. Row 0 starts with a warmed-up history of
-      ``floor(c * G + U)`` ids (G ~ Gamma(4) / 4 per session, U uniform: users differ in how
-      much history they bring) and every change row appends ``1 + Poisson(0.25)`` new ids; a
-      row's list is the last ``max_length`` ids of the stream so far (append-only, trimmed at
-      the front). c is solved by simulating the lengths over the run's actual session sizes,
-      so that the mean length over all rows is l(f): with heavy-tailed sessions the later
-      rows of long sessions are longer (up to ``max_length``), so the start sits below l(f).
-      Profiles therefore set ``max_length`` a little above ``mean_length``, like a "last N
-      clicks" feature that is full for active users.
-
-    Everything is built as flat values + offsets with index arithmetic across all sessions of
-    a chunk (change masks, cumulative sums reset at session starts, ragged gathers), never
-    with a per-row or per-session Python loop.
-
-Dense features (float32)
-    Log-normal around ``scale`` (``scale * exp(N(0, 1))``), unchanged from the session's
-    previous row with probability ``unchanged_prob`` (kind ``request``); kind ``candidate``
-    draws a fresh value on every row, kind ``position`` is the row's 0-based place in its
-    request's candidate list (0 with one row per request).
-
-Labels
-    Bernoulli with a logistic model so that a model has something to learn (AUC > 0.5):
-    ``logit = b + 3 * (pop - 1/2) + 1 * (depth - 1/2)``, where pop is the popularity of the
-    row's first id of the first ``item`` feature (``1 - log(1 + rank) / log(cardinality)``,
-    1 for the most popular id) and depth is the length of the first ``history`` feature over
-    its ``max_length``. The intercept b is solved per chunk so the mean rate is ``label_rate``.
-    Every label column is drawn independently from the same probabilities. Impression logs
-    draw at most one click per request instead (below).
-
-Impression logs (``candidates_per_request`` C > 1)
-    A request (one inference call) scores a list of candidate items, one row each. Sessions
-    are planned in requests (Lomax mean S / C, cap ``max_samples // max_candidates``) and
-    everything above happens per request; then each request gets its candidate count (a full
-    list of ``max_candidates`` with probability p, else uniform on the shorter lengths, p
-    solved so that the mean is C) and is exploded into that many consecutive rows sharing
-    its ``request_id``, ts, server, static and history lists and ``request`` dense values.
-    ``item`` sparse features (``unchanged_prob`` unused) and ``candidate`` dense features are
-    fresh on every candidate row; a candidate's item list never repeats the previous
-    candidate's. With ``repeat_list_prob`` a later request of a session shows its previous
-    request's list instead (same count, items and candidate values, in order). Labels: per candidate ``logit = 3 * (pop - 1/2) - 3 * position /
-    max_candidates + 1 * (depth - 1/2)``, and the click is the argmax of logit + Gumbel noise
-    over the request's candidates and a "no click" option whose logit is solved per chunk so
-    the click rate per row is ``label_rate`` (at most 1 / C): one click per request at most,
-    earlier and more popular candidates clicked more often.
-
-Inference servers and the log bus (arrival order)
-    Each request is handled by one of ``servers`` servers chosen uniformly at random. A server
-    buffers what it logs and flushes every ``flush_interval_s`` seconds (each server has its
-    own random phase); a flush lands on the log bus after a delivery delay uniform in
-    ``[0, flush_interval_s / 2)``. The raw log is written in landing order (by server, then
-    ts, inside one flush), so it interleaves many concurrent sessions and is only roughly
-    time-ordered, like a real log bus.
-
-Memory is bounded: sessions are generated in chunks of about ``CHUNK_ROWS`` rows, ordered by
-start time, each chunk's rows already sorted by landing time. No row of a later chunk can land
-before that chunk's first session starts, so after each chunk everything landing earlier is
-merged across the pending chunks and written (in steps of at most ``CHUNK_ROWS`` rows). The
-rest waits as zero-copy suffixes of their chunks with the history lists left unexpanded
-(per-session id streams plus a start and a length per row); a suffix shrunk below a quarter of
-its chunk is compacted. Memory thus follows the rows still in flight (sessions that have
-started but not finished), not the size of the log.
-
-The output depends only on the catalogue, the seed, the session count, ``flush_interval_s``
-and ``segment_rows``: the same inputs give byte-identical segment files (on one platform and
-numpy version).
+Everything is built as flat values + offsets with index arithmetic across all sessions of a
+chunk (change masks, cumulative sums reset at session starts, ragged gathers), never with a
+per-row or per-session Python loop. Memory follows the rows still in flight, not the log:
+sessions are generated in chunks of about ``CHUNK_ROWS`` rows by start time, and after each
+chunk every row landing before the next chunk's first session is merged and written; the rest
+waits as zero-copy suffixes with history lists unexpanded. The same catalogue, seed, session
+count, ``flush_interval_s`` and ``segment_rows`` give byte-identical segment files (on one
+platform and numpy version).
 """
 
 from __future__ import annotations
@@ -936,13 +860,9 @@ def _fresh_lists(
 def _candidate_lists(
     group: _SparseGroup, counts: np.ndarray, slot: np.ndarray, rng: np.random.Generator
 ) -> tuple[dict[str, pa.Array | pa.ChunkedArray], np.ndarray]:
-    """Item features of an impression log: a fresh list in every candidate slot.
-
-    ``counts`` (Q,) are the candidate slots of each request (session-major, consecutive); a
-    slot's list never repeats the previous slot's in the same request. Output row i shows
-    slot ``slot[i]`` (a request repeating an earlier list shows that request's slots).
-    Returns the list columns and each output row's leader first rank (as ``_fresh_lists``).
-    """
+    """Item features of an impression log: a fresh list in each of a request's ``counts`` (Q,)
+    candidate slots (never the previous slot's list); output row i shows slot ``slot[i]``.
+    Returns the columns and each row's leader first rank (as ``_fresh_lists``)."""
     first = np.zeros(int(counts.sum()), dtype=bool)
     first[np.cumsum(counts) - counts] = True
     events = _Events.draw(group, first, rng)

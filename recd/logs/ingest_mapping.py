@@ -37,12 +37,11 @@ names the section (``[mapping]`` / ``[ingest.mapping]``), the key and what was e
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recd.config_types import build_section
+from recd.config_types import build_section, load_toml
 from recd.errors import ConfigError
 
 TS_UNITS = ("auto", "ms", "s", "iso")
@@ -339,13 +338,7 @@ class IngestMapping:
     @classmethod
     def from_toml(cls, path: Path, *, overrides: dict[str, Any] | None = None) -> IngestMapping:
         """Read a mapping TOML file (top-level keys); ``overrides`` (e.g. flags) win."""
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"mapping file {path} does not exist")
-        try:
-            data = tomllib.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+        data = load_toml(path, "mapping file")
         return cls.from_dict({**data, **(overrides or {})}, source=str(path))
 
 

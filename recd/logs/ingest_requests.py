@@ -1,6 +1,6 @@
 """Events and samples of one ingest bucket, by the shape of the log.
 
-``recd.logs.ingest`` parses a bucket's good rows (:class:`GoodRows`); :func:`build_events`
+``recd.logs.ingest_bucket`` parses a bucket's good rows (:class:`GoodRows`); :func:`build_events`
 turns them into the events and samples of :class:`recd.logs.ingest_samples.BucketEvents`:
 
 * an **event log** (no ``candidates``, no ``request``): every row is an event; a row with an

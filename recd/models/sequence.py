@@ -18,8 +18,8 @@ Exactness: the [CLS] token keeps every row non-empty (an all-masked attention ro
 NaN). With ``exact_attention`` the attention runs on PyTorch's MATH SDPA backend, which is
 batch-invariant on CPU (the fused CPU flash kernel is not: a row's output changed in the last
 bits with the number of rows). The remaining matmuls are batch-invariant as long as they have
-enough rows: CPU GEMM kernels take another code path below ~12 rows (measured on this build),
-where a row's result may differ in the last bits. With D distinct sequences of width L the
+enough rows: CPU GEMM kernels take another code path below about a dozen rows, where a row's
+result may differ in the last bits. With D distinct sequences of width L the
 transformer's matmuls have D * (L + 1) rows, so in practice (any real batch) a distinct row's
 pooled output is bitwise the output the same row gets in the batch of B rows; a batch whose
 group collapses to one or two very short sequences may differ by rounding.

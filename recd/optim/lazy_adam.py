@@ -45,6 +45,8 @@ from typing import Any, Protocol
 
 import torch
 
+from recd.optim.config import AdamHyper
+
 __all__ = [
     "LazyAdam",
     "RowUpdate",
@@ -74,8 +76,8 @@ class RowsStep:
 
 
 class RowUpdate(Protocol):
-    """The signature of :func:`lazy_adam_update_rows` (what :meth:`LazyAdam.step` calls per
-    table; an update-undo capture passes its own, which also records the update)."""
+    """How :meth:`LazyAdam.step` calls its row update, per table: :func:`lazy_adam_update_rows`
+    or a wrapper that also records it (an update-undo capture, a checkpoint's row patches)."""
 
     def __call__(
         self,
@@ -85,32 +87,21 @@ class RowUpdate(Protocol):
         rows: torch.Tensor,
         grad_rows: torch.Tensor,
         *,
-        lr: float,
-        beta1: float,
-        beta2: float,
-        eps: float,
-        weight_decay: float,
+        hyper: AdamHyper,
         step: int,
     ) -> Any: ...
 
 
 def lazy_adam_direction(
-    exp_avg: torch.Tensor,
-    exp_avg_sq: torch.Tensor,
-    *,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    step: int,
+    exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *, hyper: AdamHyper, step: int
 ) -> torch.Tensor:
     """``u = (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)`` of post-update m, v.
 
     One function for the update and its inverse (:mod:`recd.recovery.inverse`): the same ops
     on the same inputs give the same bits, which is what makes the weight's inverse cheap.
     """
-    bias1 = 1.0 - beta1**step
-    bias2 = 1.0 - beta2**step
-    return torch.div(exp_avg, bias1).div_(torch.div(exp_avg_sq, bias2).sqrt_().add_(eps))
+    bias1, bias2 = hyper.bias_corrections(step)
+    return torch.div(exp_avg, bias1).div_(torch.div(exp_avg_sq, bias2).sqrt_().add_(hyper.eps))
 
 
 def lazy_adam_update_rows(
@@ -120,29 +111,30 @@ def lazy_adam_update_rows(
     rows: torch.Tensor,
     grad_rows: torch.Tensor,
     *,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
     step: int,
+    hyper: AdamHyper | None = None,
+    **fields: Any,
 ) -> RowsStep:
     """Apply one fbgemm-ADAM update to ``rows`` (R,) of a table, in place.
 
     weight, exp_avg, exp_avg_sq: (num_rows x E) float32; rows: (R,) int64 unique row indices;
-    grad_rows: (R x E) the rows' summed gradients; step: t >= 1 (bias correction).
+    grad_rows: (R x E) the rows' summed gradients; step: t >= 1 (bias correction); hyper:
+    the settings (or their fields by keyword, ``lr=..., beta1=...``; decay is decoupled).
     Everything is computed before the three tables are written, and a write that raises
     puts the three back: the update is all or nothing. Returns the gathered
     pre-update rows, the new rows and the direction (:class:`RowsStep`).
     """
+    h = AdamHyper.of(hyper, fields)
+    if h.weight_decay and not h.decoupled:
+        raise ValueError("lazy_adam_update_rows: fbgemm's ADAM decays decoupled, not as L2")
     m0 = exp_avg.index_select(0, rows)
     v0 = exp_avg_sq.index_select(0, rows)
     w0 = weight.index_select(0, rows)
     # fbgemm: m_t.mul_(beta1); m_t.fma_(grad, 1 - beta1); likewise v with grad^2.
-    m = m0.mul(beta1).add_(grad_rows, alpha=1.0 - beta1)
-    v = v0.mul(beta2).addcmul_(grad_rows, grad_rows, value=1.0 - beta2)
-    u = lazy_adam_direction(m, v, beta1=beta1, beta2=beta2, eps=eps, step=step)
-    w = w0.add(u.add(w0, alpha=weight_decay) if weight_decay else u, alpha=-lr)
+    m = m0.mul(h.beta1).add_(grad_rows, alpha=1.0 - h.beta1)
+    v = v0.mul(h.beta2).addcmul_(grad_rows, grad_rows, value=1.0 - h.beta2)
+    u = lazy_adam_direction(m, v, hyper=h, step=step)
+    w = w0.add(u.add(w0, alpha=h.weight_decay) if h.weight_decay else u, alpha=-h.lr)
     try:
         exp_avg.index_copy_(0, rows, m)
         exp_avg_sq.index_copy_(0, rows, v)
@@ -238,7 +230,7 @@ class LazyAdam(torch.optim.Optimizer):
                 loss = closure()
         for group in self.param_groups:
             group["step"] += 1
-            beta1, beta2 = group["betas"]
+            hyper = AdamHyper.from_group(group, decoupled=True)
             for p in group["params"]:
                 touched = self.touched(p, touched_rows)
                 if touched is None:
@@ -251,11 +243,7 @@ class LazyAdam(torch.optim.Optimizer):
                     state["exp_avg_sq"],
                     rows,
                     grad_rows,
-                    lr=group["lr"],
-                    beta1=beta1,
-                    beta2=beta2,
-                    eps=group["eps"],
-                    weight_decay=group["weight_decay"],
+                    hyper=hyper,
                     step=group["step"],
                 )
         return loss

@@ -80,25 +80,17 @@ class ModelAdam:
         self.params: dict[str, torch.Tensor] = dict(named)
         self.embedding_names = [n for n in self.names if is_embedding(n)]
         self.dense_names = [n for n in self.names if not is_embedding(n)]
-        cfg = self.config
-        betas = (cfg.beta1, cfg.beta2)
         self.dense: torch.optim.Adam | None = None
         if self.dense_names:
             self.dense = torch.optim.Adam(
                 [self.params[n] for n in self.dense_names],
-                lr=cfg.lr,
-                betas=betas,
-                eps=cfg.eps,
-                weight_decay=cfg.weight_decay,
+                **self.config.dense_hyper().torch_kwargs(),
             )
         self.embeddings: LazyAdam | None = None
         if self.embedding_names:
             self.embeddings = LazyAdam(
                 [self.params[n] for n in self.embedding_names],
-                lr=cfg.lr if cfg.embedding_lr is None else cfg.embedding_lr,
-                betas=betas,
-                eps=cfg.eps,
-                weight_decay=cfg.embedding_weight_decay,
+                **self.config.embedding_hyper().torch_kwargs(),
             )
         self.step_count = 0
         """Optimizer steps completed."""

@@ -27,13 +27,20 @@ import dataclasses
 import hashlib
 import json
 import math
-import tomllib
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from recd.config_types import typed_values
+from recd.config_types import (
+    NonNegativeInt,
+    PositiveInt,
+    check_fields,
+    check_keys,
+    check_value,
+    load_toml,
+    typed_values,
+)
 from recd.errors import ConfigError
 from recd.table.partitions import parse_time_ms
 
@@ -62,7 +69,8 @@ _NOT_FINGERPRINTED = (
     "ray_memory_mb",
 )
 """Fields that do not change which batches come out: a saved position stays valid."""
-ENGINES = ("local", "ray")
+Engine = Literal["local", "ray"]
+ENGINES: tuple[str, ...] = get_args(Engine)
 DEFAULT_SESSION_COLUMN = "session_id"
 """``reader.session_column``'s default: the session ids of a table written by ``recd etl``."""
 
@@ -118,7 +126,7 @@ class ReaderConfig:
     dedup_sparse_features: list[list[str]] = field(default_factory=list)
     """Groups of sparse features converted to IKJTs (one inverse lookup per group, O3); the
     others stay in the plain KJT. Each feature may appear in at most one group."""
-    batch_size: int = 512
+    batch_size: PositiveInt = 512
     """Rows per batch. Batches fill across row-group boundaries inside one worker."""
     preprocessing: list[dict[str, Any]] = field(default_factory=list)
     """Preprocessing module specs, applied in order, e.g. ``{kind="hash_modulo",
@@ -131,7 +139,7 @@ class ReaderConfig:
     (units permuted, then whole sessions mixed inside windows of ``shuffle_window`` rows:
     for IKJT groups) or rows (units permuted, then rows mixed inside the windows: for plain
     KJT jobs). docs/accuracy.md says which to use when."""
-    shuffle_window: int = 16384
+    shuffle_window: PositiveInt = 16384
     """``rows`` / ``session``: rows mixed together, rounded up to a multiple of
     ``batch_size``. Each stream holds one window (plus the row group it ends in) in memory, so
     a reading process holds at most its streams x (window + one row group) rows."""
@@ -141,29 +149,29 @@ class ReaderConfig:
     to int64 as ``recd logs ingest`` hashes string session ids; a null id is a bad row. A
     table written by ``recd etl`` has ``session_id``; a table from another tool may name
     another column (docs/own-data.md)."""
-    streams: int = 4
+    streams: PositiveInt = 4
     """Streams each rank's units are dealt to; consecutive batches come from consecutive
     streams. The batch sequence depends on ``streams``, never on ``num_workers`` or
     ``engine`` (which must divide it, or be 0)."""
-    seed: int = 0
+    seed: NonNegativeInt = 0
     """Seed of the per-epoch permutations (with the epoch number)."""
     drop_last: bool = False
     """Drop the final partial batch of each worker in each epoch."""
-    num_epochs: int = 1
+    num_epochs: PositiveInt = 1
     """Passes over the selected partitions."""
-    rank: int = 0
+    rank: NonNegativeInt = 0
     """This trainer's rank in [0, world_size)."""
-    world_size: int = 1
+    world_size: PositiveInt = 1
     """Number of trainer ranks; the units are split over world_size x max(num_workers, 1)."""
-    num_workers: int = 0
+    num_workers: NonNegativeInt = 0
     """DataLoader worker processes of this rank (0: read in the main process); each reads
     ``streams / num_workers`` streams, so it must divide ``streams``. It does not change the
     batches: a run may resume with another worker count."""
-    prefetch_factor: int = 2
+    prefetch_factor: PositiveInt = 2
     """Batches each worker process keeps in flight (DataLoader prefetch_factor)."""
     pin_memory: bool = False
     """Let the DataLoader pin batch memory (only useful with a GPU)."""
-    engine: Literal["local", "ray"] = "local"
+    engine: Engine = "local"
     """Where batches are built: ``local`` (this process, or ``num_workers`` DataLoader worker
     processes) or ``ray`` (Ray Data tasks, at most ``num_workers`` at once, on the Ray cluster
     at ``ray_address``; recd.reader.ray_tier). The batches are the same."""
@@ -173,9 +181,9 @@ class ReaderConfig:
     left running on this machine, else a local one started for the job (its start and
     teardown add seconds to the job: start a cluster once with ``ray start --head`` to reuse
     it)."""
-    ray_chunk_batches: int = 4
+    ray_chunk_batches: PositiveInt = 4
     """``engine = "ray"``: batches one Ray task builds (its unit of work and of retry)."""
-    ray_memory_mb: int = 512
+    ray_memory_mb: PositiveInt = 512
     """``engine = "ray"``: Ray object store memory the reader's tasks may fill before Ray's
     backpressure holds new tasks back."""
 
@@ -183,21 +191,11 @@ class ReaderConfig:
         if not self.table:
             raise ConfigError("reader.table: a table directory is required")
         self.table = str(self.table)
-        try:
-            self.shuffle = Shuffle(self.shuffle)
-        except ValueError as exc:
-            choices = ", ".join(s.value for s in Shuffle)
-            raise ConfigError(f"reader.shuffle: {self.shuffle!r} is not one of {choices}") from exc
+        check_fields(self, "reader.")
+        self.shuffle = Shuffle(self.shuffle)
         lo, hi = self.start_ms, self.end_ms
         if lo is not None and hi is not None and hi <= lo:
             raise ConfigError(f"reader.end: {self.end!r} must be after reader.start {self.start!r}")
-        _check_int("batch_size", self.batch_size, minimum=1)
-        _check_int("num_epochs", self.num_epochs, minimum=1)
-        _check_int("world_size", self.world_size, minimum=1)
-        _check_int("rank", self.rank, minimum=0)
-        _check_int("num_workers", self.num_workers, minimum=0)
-        _check_int("streams", self.streams, minimum=1)
-        _check_int("shuffle_window", self.shuffle_window, minimum=1)
         if not isinstance(self.session_column, str) or not self.session_column:
             raise ConfigError(
                 f"reader.session_column: expected a column name, got {self.session_column!r}"
@@ -209,12 +207,6 @@ class ReaderConfig:
                 "order is set by the streams, not the workers); use a divisor of streams, or "
                 "change streams (which changes the order)"
             )
-        _check_int("prefetch_factor", self.prefetch_factor, minimum=1)
-        _check_int("seed", self.seed, minimum=0)
-        _check_int("ray_chunk_batches", self.ray_chunk_batches, minimum=1)
-        _check_int("ray_memory_mb", self.ray_memory_mb, minimum=1)
-        if self.engine not in ENGINES:
-            raise ConfigError(f"reader.engine: {self.engine!r} is not one of {', '.join(ENGINES)}")
         if self.engine == "ray" and self.world_size > 1 and self.ray_address is None:
             raise ConfigError(
                 f"reader.engine = 'ray' with {self.world_size} ranks needs reader.ray_address: "
@@ -271,14 +263,9 @@ class ReaderConfig:
                     f"reader.preprocessing[{i}].features: expected a non-empty list of "
                     f"feature names, got {features!r}"
                 )
-            for key, minimum in (("modulo", 1), ("n", 0)):
+            for key, hint in (("modulo", PositiveInt), ("n", NonNegativeInt)):
                 if key in PREPROCESS_KINDS[kind]:
-                    value = spec[key]
-                    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                        raise ConfigError(
-                            f"reader.preprocessing[{i}].{key}: expected an integer >= {minimum}, "
-                            f"got {value!r}"
-                        )
+                    check_value(f"reader.preprocessing[{i}].{key}", spec[key], hint)
             for key in _NUMERIC_KEYS.get(kind, ()):
                 if key in spec and not _is_numbers(spec[key], len(features)):
                     raise ConfigError(
@@ -356,12 +343,7 @@ class ReaderConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "<dict>") -> ReaderConfig:
         """Build from a TOML table (unknown keys are errors naming ``source``)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ConfigError(f"{source}: unknown reader option(s) {', '.join(unknown)}")
-        if "table" not in data:
-            raise ConfigError(f"{source}: missing reader option 'table'")
+        check_keys(data, cls, f"{source}: ", what="reader option")
         try:
             return cls(**typed_values(cls, data, "reader"))
         except ConfigError as exc:
@@ -374,12 +356,7 @@ def load_reader_config(path: str | Path, *, section: str | None = "reader") -> R
     A relative ``table`` path is resolved against the TOML file's directory.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"reader config {path} does not exist")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    data = load_toml(path, "reader config")
     if section is not None:
         if section not in data or not isinstance(data[section], dict):
             raise ConfigError(f"{path}: no [{section}] table")
@@ -388,11 +365,6 @@ def load_reader_config(path: str | Path, *, section: str | None = "reader") -> R
     if isinstance(data.get("table"), str) and not Path(data["table"]).is_absolute():
         data["table"] = str(path.parent / data["table"])
     return ReaderConfig.from_dict(data, source=f"{path}[{section}]" if section else str(path))
-
-
-def _check_int(name: str, value: object, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"reader.{name}: expected an integer >= {minimum}, got {value!r}")
 
 
 def _is_numbers(value: object, n: int) -> bool:

@@ -5,10 +5,8 @@ KJT's values, the preprocessing's temporaries: megabytes each). glibc serves an 
 above its *mmap threshold* with a fresh ``mmap`` and returns it to the kernel on ``free``, so
 the next batch page-faults the same megabytes in again (the kernel zeroes every page); and
 the threshold moves with the history of frees (glibc's dynamic threshold), so the same job's
-speed depends on what ran before it. Measured on rm1-like (reader benchmark, one process, 300k
-rows, batch 2048, 3 repetitions): the plain KJT reader went from 62k to 93k samples per
-CPU-second and RecD's from 93k to 150k with fixed thresholds, and the spread of repeated
-passes shrank from about +-15% to a few percent.
+speed depends on what ran before it. Fixed thresholds make both readers faster and repeated
+passes far less spread (docs/benchmarks.md).
 
 :func:`keep_freed_memory` fixes both thresholds high (``mallopt``): buffers up to 256 MiB come
 from the heap and freed memory stays in the process for the next batch. The cost is resident

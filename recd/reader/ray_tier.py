@@ -3,7 +3,7 @@
 ``[reader] engine = "ray"`` moves reading, conversion (KJT + IKJTs) and preprocessing out of
 the trainer's process into Ray Data tasks. The work is the local reader's: the same plan, the
 same streams (``recd.reader.order``), the same rows per batch, built by the same functions
-(``recd.reader.dataset.iter_tagged_batches``), so every batch equals the local reader's.
+(``recd.reader.tagged.iter_tagged_batches``), so every batch equals the local reader's.
 
 How one epoch of one rank runs::
 
@@ -116,7 +116,7 @@ def chunk_list(
 def read_chunk(item: dict[str, np.ndarray], *, plan: bytes) -> dict[str, Any]:
     """The Ray Data UDF (``map_batches``, one chunk per call): the chunk's TaggedBatches, or a
     WorkerFailure after the ones before a bad row, pickled into one binary cell."""
-    from recd.reader.dataset import WorkerFailure, iter_tagged_batches
+    from recd.reader.tagged import WorkerFailure, iter_tagged_batches
 
     epoch, stream, first, count = (int(item[k][0]) for k in ("epoch", "stream", "first", "count"))
     _kill_if_asked(f"e{epoch}-s{stream}-b{first}")

@@ -10,11 +10,16 @@
   the float inverse exact;
 - :mod:`recd.recovery.measure`: the pure inverse's error and the record's memory on a real
   DLRM (``python -m recd.recovery.measure``);
-- :mod:`recd.recovery.survivor`: survivor-based recovery of a hybrid-parallel DLRM job
-  (agree, undo, dense state from a survivor, the dead shard from the checkpoint, audit trail);
-- :mod:`recd.recovery.elastic`: the torchrun ``--max-restarts`` baseline, driven and timed;
-- :mod:`recd.recovery.rejoin`: survivor recovery inside ``recd train`` (the workers' side);
-  :mod:`recd.recovery.env`: the environment its launcher sets.
+- :mod:`recd.recovery.rejoin`: survivor recovery inside ``recd train --recovery survivor``
+  (the workers' side: agree, undo, rejoin, the dense state from a survivor, the dead shard
+  from a peer copy or the checkpoint); :mod:`recd.recovery.agent`: its launcher (a warm
+  spare, :mod:`recd.recovery.spare`); :mod:`recd.recovery.env`: the environment it sets;
+  :mod:`recd.recovery.peer_copy`: in-memory copies of a neighbour's table shards;
+- :mod:`recd.recovery.audit`: the run's audit trail (``.recovery.json``), its event log and
+  the recovery timeline split from it;
+- :mod:`recd.recovery.drill`: one ``recd train`` job with a worker killed, and what its
+  records say (``recd recover``, ``benchmarks/recovery.py``);
+- :mod:`recd.recovery.elastic`: the torchrun ``--max-restarts`` baseline, driven and timed.
 """
 
 import importlib
@@ -25,10 +30,10 @@ _HOME = {
     "Inexactness": "bits",
     "measure_inexactness": "bits",
     "ulp_distance": "bits",
-    "RECOVERY_FILE": "survivor",
-    "SurvivorJob": "survivor",
-    "read_recovery_records": "survivor",
-    "run_job": "survivor",
+    "RECOVERY_FILE": "audit",
+    "read_events": "audit",
+    "read_recovery_records": "audit",
+    "recovery_timeline": "audit",
     "CounterUndo": "undo",
     "StepCapture": "undo",
     "UndoLog": "undo",
@@ -54,13 +59,13 @@ __all__ = [
     "CounterUndo",
     "Inexactness",
     "StepCapture",
-    "SurvivorJob",
     "UndoLog",
     "UndoRecord",
     "UndoResult",
     "measure_inexactness",
+    "read_events",
     "read_recovery_records",
-    "run_job",
+    "recovery_timeline",
     "step_with_undo",
     "ulp_distance",
     "undo_step",

@@ -47,6 +47,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from recd.recovery.audit import append_event, append_recovery_record
 from recd.recovery.env import (
     GENERATION_ENV,
     MODE_ENV,
@@ -57,8 +58,7 @@ from recd.recovery.env import (
     UNDO_ENV,
     store_key,
 )
-from recd.recovery.rejoin import EXIT_FALLBACK, append_event
-from recd.recovery.survivor import append_recovery_record
+from recd.recovery.rejoin import EXIT_FALLBACK
 
 __all__ = ["AgentConfig", "run_agent"]
 

@@ -20,23 +20,21 @@ import torch
 from torch._utils import _flatten_dense_tensors  # flatten + cat in one C++ call (as DDP)
 
 from recd.errors import UndoError
+from recd.optim.config import AdamHyper
 from recd.recovery.bits import Correction, Inexactness, bits_checksums, measure_inexactness
 from recd.recovery.inverse import (
     adam_second_moment_before,
     adam_weight_before,
-    lazy_adam_second_moment_before,
-    lazy_adam_weight_before,
+    lazy_adam_rows_before,
     sgd_weight_before,
 )
 
 __all__ = [
-    "AdamHyper",
     "AdamParamUndo",
     "CopiedRowsUndo",
     "CopiedUndo",
     "CounterUndo",
     "Flats",
-    "LazyHyper",
     "LazyRowsUndo",
     "ParamUndo",
     "SgdHyper",
@@ -183,19 +181,6 @@ class ParamUndo:
             return bits_checksums(before) == self.pre_sums
 
 
-@dataclass(kw_only=True, slots=True, frozen=True)
-class AdamHyper:
-    """The hyper-parameters an Adam inverse needs (one param group's)."""
-
-    lr: float
-    beta1: float
-    beta2: float
-    eps: float
-    weight_decay: float
-    decoupled: bool
-    """AdamW (decay applied to the weight) rather than L2 (added to the gradient)."""
-
-
 @dataclass(kw_only=True, slots=True, eq=False)
 class AdamParamUndo(ParamUndo):
     """One ``torch.optim.Adam``/``AdamW`` update of some parameters of one param group.
@@ -234,25 +219,11 @@ class AdamParamUndo(ParamUndo):
 
     def _candidates(self, after: Flats) -> list[torch.Tensor]:
         w, m, v = after
-        h = self.hyper
         assert self.step is not None
-        weight = adam_weight_before(
-            w,
-            m,
-            v,
-            lr=h.lr,
-            beta1=h.beta1,
-            beta2=h.beta2,
-            eps=h.eps,
-            weight_decay=h.weight_decay,
-            decoupled=h.decoupled,
-            step=self.step,
-        )
+        weight = adam_weight_before(w, m, v, hyper=self.hyper, step=self.step)
         if self.exp_avg_before is None:
             return [weight]
-        v_before = adam_second_moment_before(
-            v, m, self.exp_avg_before, beta1=h.beta1, beta2=h.beta2
-        )
+        v_before = adam_second_moment_before(v, m, self.exp_avg_before, hyper=self.hyper)
         return [weight, self.exp_avg_before, v_before]
 
     def _write(self, before: Flats) -> None:
@@ -298,17 +269,6 @@ def stacked(roles: list[list[torch.Tensor]]) -> torch.Tensor:
     return _flatten_dense_tensors([t for tensors in roles for t in tensors]).view(len(roles), -1)
 
 
-@dataclass(kw_only=True, slots=True, frozen=True)
-class LazyHyper:
-    """The hyper-parameters of a LazyAdam (fbgemm ADAM) update."""
-
-    lr: float
-    beta1: float
-    beta2: float
-    eps: float
-    weight_decay: float
-
-
 @dataclass(kw_only=True, slots=True, eq=False)
 class TableRows:
     """The rows one row-sparse update touched in one table (or table shard)."""
@@ -339,7 +299,7 @@ class LazyRowsUndo(ParamUndo):
     """
 
     tables: list[TableRows]
-    hyper: LazyHyper
+    hyper: AdamHyper
     exp_avg_before: torch.Tensor
     """(sum R * E,) m of those rows before the step, kept."""
     direction: torch.Tensor | None = None
@@ -356,23 +316,10 @@ class LazyRowsUndo(ParamUndo):
 
     def _candidates(self, after: Flats) -> list[torch.Tensor]:
         w, m, v = after
-        h = self.hyper
         assert self.step is not None
         direction, self.direction = self.direction, None
-        weight = lazy_adam_weight_before(
-            w,
-            m,
-            v,
-            lr=h.lr,
-            beta1=h.beta1,
-            beta2=h.beta2,
-            eps=h.eps,
-            weight_decay=h.weight_decay,
-            step=self.step,
-            direction=direction,
-        )
-        v_before = lazy_adam_second_moment_before(
-            v, m, self.exp_avg_before, beta1=h.beta1, beta2=h.beta2
+        weight, v_before = lazy_adam_rows_before(
+            w, m, v, self.exp_avg_before, hyper=self.hyper, step=self.step, direction=direction
         )
         return [weight, self.exp_avg_before, v_before]
 

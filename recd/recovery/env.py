@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "GENERATION_ENV",
     "KILL_ENV",
+    "KILL_PHASES",
     "MODE_ENV",
     "PEER_COPY_ENV",
     "ROLE_ENV",
@@ -40,6 +41,11 @@ KILL_ENV = "RECD_TEST_KILL"
 started in generation GEN as rank RANK SIGKILLs itself in step STEP at PHASE (``forward``,
 ``lookup``, ``backward``, ``optimizer``, ``after_update``, ``recovery``), in the first
 attempt only (not after an elastic restart)."""
+KILL_PHASES = ("forward", "lookup", "backward", "optimizer", "after_update", "recovery")
+"""Where in a step :data:`KILL_ENV` can kill: in the forward before the input all-to-all,
+inside the sharded lookup, in the backward, inside the optimizer step (between the dense and
+the table updates), after the update before the loss all-reduce, or as a survivor starts
+recovering from another rank's death."""
 
 
 def store_key(attempt: int, generation: int, name: str) -> str:

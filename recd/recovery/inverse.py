@@ -35,8 +35,9 @@ has ``m = v = 0``; a fresh embedding row is the common case).
     u  = fl(fl(m' / b1) / fl(fl(sqrt(fl(v' / b2))) + eps)),  b1 = 1 - beta1^t, b2 = 1 - beta2^t
     w' = fma(fma(w, wd, u), -lr, w)      (= w (1 - lr wd) - lr u in real arithmetic)
 
-Inverse: ``u`` again from ``(m', v', t)``; ``w = fl(w' + lr u)`` (``wd > 0``: divided by
-``1 - lr wd``); ``g = (m' - fl(beta1 m)) / c1`` from the kept ``m``; ``v`` as for Adam.
+Inverse (:func:`lazy_adam_rows_before`): ``u`` again from ``(m', v', t)``; ``w = fl(w' +
+lr u)`` (``wd > 0``: divided by ``1 - lr wd``); ``g = (m' - fl(beta1 m)) / c1`` from the kept
+``m``; ``v`` as for Adam.
 
 **torch.optim.SGD** (``mu`` momentum, ``damp`` dampening)::
 
@@ -56,16 +57,17 @@ Every function takes and returns float32 tensors of any (equal) shape and alloca
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import torch
 
+from recd.optim.config import AdamHyper
 from recd.optim.lazy_adam import lazy_adam_direction
 
 __all__ = [
     "adam_second_moment_before",
     "adam_weight_before",
-    "lazy_adam_second_moment_before",
-    "lazy_adam_weight_before",
+    "lazy_adam_rows_before",
     "sgd_weight_before",
 ]
 
@@ -80,23 +82,20 @@ def adam_weight_before(
     exp_avg: torch.Tensor,
     exp_avg_sq: torch.Tensor,
     *,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    decoupled: bool,
     step: int,
+    hyper: AdamHyper | None = None,
+    **fields: Any,
 ) -> torch.Tensor:
-    """Adam/AdamW's weight before step ``step`` from the weight, m and v after it."""
-    bias_correction1 = 1 - beta1**step
-    bias_correction2 = 1 - beta2**step
-    step_size = lr / bias_correction1
-    denom = (exp_avg_sq.sqrt() / bias_correction2**0.5).add_(eps)
+    """Adam/AdamW's weight before step ``step`` from the weight, m and v after it (``hyper``:
+    the group's settings, or their fields by keyword; ``decoupled``: AdamW)."""
+    h = AdamHyper.of(hyper, fields)
+    bias_correction1, bias_correction2 = h.bias_corrections(step)
+    step_size = h.lr / bias_correction1
+    denom = (exp_avg_sq.sqrt() / bias_correction2**0.5).add_(h.eps)
     increment = exp_avg.mul(-step_size).div_(denom)  # the forward's addcdiv term, same bits
     before = weight.sub(increment)
-    if decoupled and weight_decay:
-        before.div_(1 - lr * weight_decay)
+    if h.decoupled and h.weight_decay:
+        before.div_(1 - h.lr * h.weight_decay)
     return before
 
 
@@ -105,58 +104,45 @@ def adam_second_moment_before(
     exp_avg: torch.Tensor,
     exp_avg_before: torch.Tensor,
     *,
-    beta1: float,
-    beta2: float,
+    hyper: AdamHyper | None = None,
+    **fields: Any,
 ) -> torch.Tensor:
-    """Adam/AdamW's v before the step from v and m after it and m before it."""
+    """Adam/AdamW's v before the step from v and m after it and m before it (reads the betas)."""
+    h = AdamHyper.of(hyper, fields)
     # m' = m + c1 (g - m) (torch's lerp)  =>  g = m + (m' - m) / c1, in float64.
-    weight = _f32(1 - beta1)
+    weight = _f32(1 - h.beta1)
     before64 = exp_avg_before.double()
     grad = (before64 + (exp_avg.double() - before64) / weight).float()
-    return _second_moment_before(exp_avg_sq, grad, exp_avg_before, beta2=beta2)
+    return _second_moment_before(exp_avg_sq, grad, exp_avg_before, beta2=h.beta2)
 
 
-def lazy_adam_weight_before(
+def lazy_adam_rows_before(
     weight: torch.Tensor,
     exp_avg: torch.Tensor,
     exp_avg_sq: torch.Tensor,
+    exp_avg_before: torch.Tensor,
     *,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
+    hyper: AdamHyper,
     step: int,
     direction: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """LazyAdam's (fbgemm ADAM's) rows before step ``step`` from the rows' w, m, v after it.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of :func:`recd.optim.lazy_adam_update_rows`: the rows' weight and v before
+    step ``step``, from their w, m, v after it and m before it (m itself is kept).
 
     ``direction``: ``lazy_adam_direction(exp_avg, exp_avg_sq, ...)`` when the caller has it
     (the update computed it: same bits), else computed here.
     """
     if direction is None:
-        direction = lazy_adam_direction(
-            exp_avg, exp_avg_sq, beta1=beta1, beta2=beta2, eps=eps, step=step
-        )
-    before = weight.add(direction, alpha=lr)  # fma: the exact mirror of w' = fma(u, -lr, w)
-    if weight_decay:
-        before.div_(1.0 - lr * weight_decay)
-    return before
-
-
-def lazy_adam_second_moment_before(
-    exp_avg_sq: torch.Tensor,
-    exp_avg: torch.Tensor,
-    exp_avg_before: torch.Tensor,
-    *,
-    beta1: float,
-    beta2: float,
-) -> torch.Tensor:
-    """LazyAdam's v rows before the step from v, m after it and m before it."""
+        direction = lazy_adam_direction(exp_avg, exp_avg_sq, hyper=hyper, step=step)
+    # fma: the exact mirror of w' = fma(u, -lr, w)
+    weight_before = weight.add(direction, alpha=hyper.lr)
+    if hyper.weight_decay:
+        weight_before.div_(1.0 - hyper.lr * hyper.weight_decay)
     # m' = fma(g, c1, fl(beta1 m))  =>  g = (m' - fl(beta1 m)) / c1, in float64.
-    decayed = exp_avg_before.mul(beta1)
-    grad = ((exp_avg.double() - decayed.double()) / _f32(1.0 - beta1)).float()
-    return _second_moment_before(exp_avg_sq, grad, exp_avg_before, beta2=beta2)
+    decayed = exp_avg_before.mul(hyper.beta1)
+    grad = ((exp_avg.double() - decayed.double()) / _f32(1.0 - hyper.beta1)).float()
+    v_before = _second_moment_before(exp_avg_sq, grad, exp_avg_before, beta2=hyper.beta2)
+    return weight_before, v_before
 
 
 def _second_moment_before(

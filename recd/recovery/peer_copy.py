@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
-    from recd.train.sharding import ShardedAdam
+    from recd.optim.sharded_adam import ShardedAdam
 
 __all__ = ["PeerCopy", "RowsAfter"]
 
@@ -66,7 +66,7 @@ class PeerCopy:
     it current (see the module docstring).
 
     Args:
-        optimizer: this rank's :class:`recd.train.sharding.ShardedAdam` (its process group).
+        optimizer: this rank's :class:`recd.optim.sharded_adam.ShardedAdam` (its process group).
     """
 
     def __init__(self, optimizer: ShardedAdam) -> None:

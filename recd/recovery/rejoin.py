@@ -41,7 +41,8 @@ Every recovery is one JSON line in ``CHECKPOINT_DIR/.recovery.json`` (route, gen
 failed rank, agreed step, undone steps and whether each undo was exact, the checkpoint the
 dead shard came from, rows that lost updates, ``bit_exact``) and an ``{"event": "recovery"}``
 record in ``.loss.json`` at the agreed step. Timestamped events of every process go to
-``CHECKPOINT_DIR/recovery/events.jsonl`` (the benchmark splits the recovery time from them).
+``CHECKPOINT_DIR/recovery/events.jsonl`` (both files: :mod:`recd.recovery.audit`, whose
+:func:`~recd.recovery.audit.recovery_timeline` splits the recovery time from the events).
 
 Why by hand: torchrun's elastic agent (and torchelastic's ``LocalElasticAgent`` under it)
 restarts *every* worker when one fails; there is no API to replace one worker while the
@@ -67,9 +68,10 @@ import numpy as np
 import torch
 
 from recd.errors import RecoveryError
+from recd.recovery.audit import append_event, append_recovery_record, read_recovery_records
 from recd.recovery.env import (
-    GENERATION_ENV,
     KILL_ENV,
+    KILL_PHASES,
     MODE_ENV,
     PEER_COPY_ENV,
     ROLE_ENV,
@@ -77,28 +79,21 @@ from recd.recovery.env import (
     store_key,
 )
 from recd.recovery.peer_copy import PeerCopy
-from recd.recovery.survivor import RECOVERY_FILE, append_recovery_record
 from recd.recovery.undo import UNDO_METHODS, UndoMethod
 
 if TYPE_CHECKING:
-    from recd.train.loop import Trainer
+    from recd.train.hooks import TrainerView
 
 __all__ = [
-    "EVENTS_FILE",
     "EXIT_FALLBACK",
-    "GENERATION_ENV",
     "KILL_ENV",
     "MODE_ENV",
     "PEER_COPY_ENV",
-    "RECOVERY_FILE",
     "ROLE_ENV",
     "UNDO_ENV",
     "FirstStepNotice",
     "RecoveryPlan",
     "SurvivorRecovery",
-    "append_event",
-    "is_peer_failure",
-    "read_events",
     "recovery_mode",
 ]
 
@@ -106,54 +101,14 @@ log = logging.getLogger(__name__)
 
 EXIT_FALLBACK = 75
 """A worker's exit code when survivor recovery is impossible: the launcher restarts everyone."""
-EVENTS_FILE = "recovery/events.jsonl"
 
-PHASES = ("forward", "lookup", "backward", "optimizer", "after_update", "recovery")
+PHASES = KILL_PHASES
 _TIMEOUT = datetime.timedelta(seconds=60)
 
 
 def recovery_mode() -> str | None:
     """``survivor`` when this worker runs under the survivor-recovery launcher, else None."""
     return os.environ.get(MODE_ENV) or None
-
-
-def is_peer_failure(error: BaseException) -> bool:
-    """Whether ``error`` is a failed collective (a peer is gone), not a bug of this rank."""
-    if isinstance(error, torch.distributed.DistError):
-        return True
-    text = str(error)
-    return isinstance(error, RuntimeError) and any(
-        marker in text
-        for marker in (
-            "Connection closed by peer",
-            "Connection reset by peer",
-            "Broken pipe",
-            "Gloo",
-            "gloo",
-            "ProcessGroup",
-        )
-    )
-
-
-def append_event(run_dir: Path, event: str, **fields: Any) -> None:
-    """One timestamped line in ``RUN_DIR/recovery/events.jsonl`` (one O_APPEND write)."""
-    path = Path(run_dir) / EVENTS_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"t": time.time(), "pid": os.getpid(), "event": event, **fields}
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (json.dumps(record) + "\n").encode())
-    finally:
-        os.close(fd)
-
-
-def read_events(run_dir: Path) -> list[dict[str, Any]]:
-    """Every recovery event of the run, in time order."""
-    path = Path(run_dir) / EVENTS_FILE
-    if not path.exists():
-        return []
-    events = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    return sorted(events, key=lambda e: e["t"])
 
 
 @dataclass(kw_only=True, slots=True)
@@ -217,20 +172,47 @@ class _Progress:
 
 
 class FirstStepNotice:
-    """A :class:`recd.train.loop.StepHook` for workers under recd's launcher without survivor
+    """A :class:`recd.train.hooks.StepHook` for workers under recd's launcher without survivor
     recovery (``--recovery elastic``): tells the launcher that this worker completed its first
     step, as :class:`SurvivorRecovery` does in survivor mode (the launcher's sign that the
-    group has started: its ``started`` event)."""
+    group has started: its ``started`` event), and logs a ``step`` event for it. After an
+    elastic restart it also logs every replayed step up to the one that was in flight at the
+    failure (the restart's audit record names it), so that the event log shows when the lost
+    work was done again."""
 
     def __init__(self, store: Any, *, attempt: int, generation: int) -> None:
         self.store = store
         self.key = store_key(attempt, generation, "first_step")
+        self.attempt = attempt
+        self.generation = generation
         self._due = True
+        self._replay_until: int | None = None
 
-    def after_step(self, trainer: Trainer, step: int, loss: float) -> None:
+    def after_step(self, trainer: TrainerView, step: int, loss: float) -> None:
+        run_dir = Path(trainer.config.checkpoint_dir)
         if self._due:
             self._due = False
             self.store.add(self.key, 1)
+            if self.attempt > 0:
+                self._replay_until = _in_flight_at_restart(run_dir)
+        elif self._replay_until is None or step > self._replay_until:
+            return
+        append_event(
+            run_dir,
+            "step",
+            rank=trainer.rank,
+            attempt=self.attempt,
+            gen=self.generation,
+            step=step,
+        )
+
+
+def _in_flight_at_restart(run_dir: Path) -> int | None:
+    """The step that was in flight when the newest elastic restart's failure happened."""
+    restarts = [r for r in read_recovery_records(run_dir) if r.get("route") == "restart"]
+    if not restarts or restarts[-1].get("last_completed_step") is None:
+        return None
+    return int(restarts[-1]["last_completed_step"]) + 1
 
 
 class SurvivorRecovery:
@@ -241,7 +223,7 @@ class SurvivorRecovery:
     collective fails; a replacement calls :meth:`join` before training.
     """
 
-    def __init__(self, trainer: Trainer, *, store: Any, generation: int, attempt: int) -> None:
+    def __init__(self, trainer: TrainerView, *, store: Any, generation: int, attempt: int) -> None:
         if trainer.dist is None:
             raise RecoveryError("survivor recovery needs a multi-process job (--nproc N > 1)")
         self.trainer = trainer
@@ -616,7 +598,7 @@ class SurvivorRecovery:
 # ----------------------------------------------------------------------------- helpers
 
 
-def _planned(trainer: Trainer) -> int:
+def _planned(trainer: TrainerView) -> int:
     """The step the job trains to (set when training started, before any step could fail)."""
     if trainer.planned_total is None:
         raise RecoveryError("a step failed before the trainer planned its steps")

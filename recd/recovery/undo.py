@@ -103,7 +103,7 @@ Usage::
     assert result.exact
 
 An optimizer that applies its step in pieces builds the record with a :class:`StepCapture`:
-``recd.train.sharding.ShardedAdam.step(capture=True)`` runs its dense ModelAdam through
+``recd.optim.sharded_adam.ShardedAdam.step(capture=True)`` runs its dense ModelAdam through
 :meth:`StepCapture.run` and each table shard through :meth:`StepCapture.update_rows` (in
 place of :func:`recd.optim.lazy_adam_update_rows`, same bits), and returns the record.
 :func:`update_rows_with_undo` captures a single row update.
@@ -118,16 +118,16 @@ from typing import Any, Literal
 import torch
 
 from recd.errors import UndoError
-from recd.optim import LazyAdam, ModelAdam, RowsStep, lazy_adam_update_rows
+from recd.optim.config import AdamHyper
+from recd.optim.lazy_adam import LazyAdam, RowsStep, lazy_adam_update_rows
+from recd.optim.model_adam import ModelAdam
 from recd.recovery.bits import Inexactness
 from recd.recovery.entries import (
-    AdamHyper,
     AdamParamUndo,
     CopiedRowsUndo,
     CopiedUndo,
     CounterUndo,
     Flats,
-    LazyHyper,
     LazyRowsUndo,
     ParamUndo,
     SgdHyper,
@@ -267,7 +267,7 @@ class StepCapture:
     """Builds the :class:`UndoRecord` of one optimizer step while the step runs.
 
     :meth:`run` captures a whole ``optimizer.step()``; an optimizer that applies its step in
-    pieces (``recd.train.sharding.ShardedAdam``: a :class:`~recd.optim.ModelAdam`, then its
+    pieces (``recd.optim.sharded_adam.ShardedAdam``: a :class:`~recd.optim.ModelAdam`, then its
     table shards) calls :meth:`run` for the first piece, :meth:`update_rows` instead of
     :func:`recd.optim.lazy_adam_update_rows` for each shard and :meth:`counter` for its own
     step counter, then :meth:`finish`; if anything raises, :meth:`rollback` puts back every
@@ -309,7 +309,7 @@ class StepCapture:
         """Every entry, in capture order."""
         self._pending: list[tuple[ParamUndo, Flats]] = []
         """Entries with their pre-update copies, corrected by :meth:`finish`."""
-        self._rows: list[tuple[TableRows, LazyHyper, int, RowsStep]] = []
+        self._rows: list[tuple[TableRows, AdamHyper, int, RowsStep]] = []
         """Row updates applied, with their pre-update rows, grouped by :meth:`finish`."""
         self._counters: list[CounterUndo] = []
 
@@ -328,13 +328,10 @@ class StepCapture:
         rows: torch.Tensor,
         grad_rows: torch.Tensor,
         *,
-        lr: float,
-        beta1: float,
-        beta2: float,
-        eps: float,
-        weight_decay: float,
         step: int,
+        hyper: AdamHyper | None = None,
         name: str | None = None,
+        **fields: Any,
     ) -> RowsStep:
         """:func:`recd.optim.lazy_adam_update_rows`, recorded (a :class:`recd.optim.RowUpdate`:
         pass it as ``LazyAdam.step(update_rows=...)``); returns what the update returns.
@@ -343,18 +340,9 @@ class StepCapture:
         pre-update rows are held until :meth:`finish`, which turns the row updates sharing
         hyper-parameters and step into one :class:`LazyRowsUndo`.
         """
+        hyper = AdamHyper.of(hyper, fields)
         done = lazy_adam_update_rows(
-            weight,
-            exp_avg,
-            exp_avg_sq,
-            rows,
-            grad_rows,
-            lr=lr,
-            beta1=beta1,
-            beta2=beta2,
-            eps=eps,
-            weight_decay=weight_decay,
-            step=step,
+            weight, exp_avg, exp_avg_sq, rows, grad_rows, hyper=hyper, step=step
         )
         table = TableRows(
             name=name or self._names.get(id(weight), "table"),
@@ -363,7 +351,6 @@ class StepCapture:
             exp_avg_sq=exp_avg_sq,
             rows=rows,
         )
-        hyper = LazyHyper(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
         self._rows.append((table, hyper, step, done))
         return done
 
@@ -571,12 +558,12 @@ _ROLES = ("weight", "exp_avg", "exp_avg_sq")
 
 
 def _group_rows(
-    updates: list[tuple[TableRows, LazyHyper, int, RowsStep]],
+    updates: list[tuple[TableRows, AdamHyper, int, RowsStep]],
 ) -> list[tuple[LazyRowsUndo, list[RowsStep]]]:
     """One :class:`LazyRowsUndo` per (hyper-parameters, step, device) of the row updates, in
     order (a table updated twice starts a new one: its second update undoes first)."""
     groups: list[tuple[LazyRowsUndo, list[RowsStep]]] = []
-    open_: dict[tuple[LazyHyper, int, torch.device], int] = {}
+    open_: dict[tuple[AdamHyper, int, torch.device], int] = {}
     for table, hyper, step, done in updates:
         key = (hyper, step, table.weight.device)
         at = open_.get(key)
@@ -615,15 +602,7 @@ def _copy_stacked(roles: list[list[torch.Tensor]]) -> torch.Tensor:
 def _adam_hyper(group: Mapping[str, Any], where: str) -> AdamHyper:
     if group.get("amsgrad"):
         raise UndoError(f"{where}: AMSGrad's running maximum has no inverse")
-    beta1, beta2 = (float(b) for b in group["betas"])
-    return AdamHyper(
-        lr=float(group["lr"]),
-        beta1=beta1,
-        beta2=beta2,
-        eps=float(group["eps"]),
-        weight_decay=float(group["weight_decay"]),
-        decoupled=bool(group.get("decoupled_weight_decay", False)),
-    )
+    return AdamHyper.from_group(group)
 
 
 def _check_param(p: torch.Tensor, name: str) -> None:
@@ -672,13 +651,10 @@ def update_rows_with_undo(
     grad_rows: torch.Tensor,
     *,
     name: str,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
     step: int,
+    hyper: AdamHyper | None = None,
     measure: bool = False,
+    **fields: Any,
 ) -> LazyRowsUndo:
     """:func:`recd.optim.lazy_adam_update_rows`, returning the entry that takes it back.
 
@@ -693,11 +669,7 @@ def update_rows_with_undo(
         exp_avg_sq,
         rows,
         grad_rows,
-        lr=lr,
-        beta1=beta1,
-        beta2=beta2,
-        eps=eps,
-        weight_decay=weight_decay,
+        hyper=AdamHyper.of(hyper, fields),
         step=step,
         name=name,
     )

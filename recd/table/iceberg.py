@@ -2,47 +2,21 @@
 
 An ETL run writes its clustered Parquet files as before; what makes them visible is one
 Iceberg commit (an ``append``, or an ``overwrite`` when the run rewrites hours the table
-already has). A run killed at any moment therefore leaves the table exactly as it was, and a
-reader (or a training run, which records the snapshot id it read) sees whole runs only.
-pyiceberg does the table format (metadata files, manifests, the catalog's atomic swap of the
-metadata pointer); this module only maps recd's hourly (or daily) partitions and run files onto it.
+already has), so a run killed at any moment leaves the table as it was and a reader (or a
+training run, which records the snapshot id it read) sees whole runs only. pyiceberg does the
+table format (metadata files, manifests, the catalog's atomic swap of the metadata pointer);
+this module maps recd's hourly (or daily) partitions and run files onto it. docs/tables.md
+has the directory layout, the table metadata, catalogs and reading with other tools.
 
-Layout of an Iceberg-format table directory::
-
-    TABLE/_iceberg/table.json            which catalog holds the table and under which name
-    TABLE/_iceberg/catalog.db            the embedded catalog (SQLite), unless another is named
-    TABLE/_iceberg/metadata/             Iceberg metadata: *.metadata.json, manifest lists,
-                                         manifests (paths in them are absolute)
-    TABLE/ds=D/hour=HH/part-<run>-NNNNN.parquet   data files (<run>: 8 hex digits of the run
-                                         id; a day-partitioned table: TABLE/ds=D/part-...);
-                                         only the files a snapshot lists are part of it (a file
-                                         not yet committed, or replaced by a later run, sits
-                                         beside the live ones)
-
-Table metadata records the partitioning (``hour_start_ms = truncate[3600000](ts)``: the hour
-of the log time, in ms since the epoch, which is what ``ds=D/hour=HH`` names; a day-partitioned
-table: ``day_start_ms = truncate[86400000](ts)``, named by ``ds=D``), the sort order
-(``session_id, ts`` for a clustered table), recd's catalogue (property ``recd.catalogue``) and
-the table layout (``recd.table.layout``). Each snapshot's summary names the ETL run (``recd.run-id``).
-
-recd's data files carry no Parquet field ids: they are written by pyarrow (either engine, and
-by other tools for a migrated Hive-layout table) before the Iceberg table, which assigns the
-ids, is even loaded, and a migration registers files it must not rewrite. Iceberg readers
-map such files' columns to the table's by name through the table's name mapping (property
-``schema.name-mapping.default``, the spec's answer for files written without ids, and what
-pyiceberg's own ``add_files`` writes); without it pyiceberg refuses to scan them. recd
-registers its files by hand (a run's commit replaces partitions in one overwrite, which
-``add_files`` cannot), so it writes the mapping itself: when it creates a table, and in the
-next commit to a table made before it did.
-
-Data file paths in the manifests are absolute (the table root resolved), so that any reader
-finds them from any working directory; moving a table's directory therefore breaks it. Older
-recd versions wrote a relative ``--table`` as relative paths: recd resolves those against
-the table root (the file lies in its partition's directory), and the next commit re-lists
-them with absolute paths, so that other Iceberg readers find them in the current snapshot.
-
-pyiceberg is imported lazily: it costs about a second of start-up that the readers' worker
-processes and the Hive-layout path do not need.
+recd's data files carry no Parquet field ids (pyarrow writes them before the table that
+assigns ids is loaded, and a migration registers files it must not rewrite), so Iceberg
+readers map their columns by name through the table's name mapping
+(``schema.name-mapping.default``). recd registers its files by hand (a run's commit replaces
+partitions in one overwrite, which pyiceberg's ``add_files`` cannot), so it writes the mapping
+itself: when it creates a table, and in the next commit to a table made before it did.
+Manifest paths are absolute; the relative ones an older recd wrote are resolved against the
+table root and listed again as absolute by the next commit. pyiceberg is imported lazily: the
+readers' worker processes and the Hive-layout path do not need its start-up cost.
 """
 
 from __future__ import annotations

@@ -1,66 +1,25 @@
 """The deduplicated table layout: each session's repeated and sliding sparse values stored once.
 
-A clustered table holds a session's rows next to each other, sorted by time. Many of their
-sparse values repeat the previous row (a user feature, an item clicked again), and a "last N
-items" history is the previous row's history with the newest events appended and the oldest
-dropped. The ``dedup`` layout stores, for every encoded feature ``f``, two columns in place
-of ``f``::
+In a clustered table a session's rows sit together in time order, so many sparse values repeat
+the previous row, and a "last N items" history is the previous row's with the newest events
+appended. The ``dedup`` layout stores an encoded feature ``f`` as two columns in place of
+``f``: ``f__new_ids`` (``list<int64>``, the ids the row appends to the row group's sequence of
+``f``) and ``f__start`` (``int32``, where the row's list starts in that sequence; it runs to the
+end of the row's own new ids). Features that change on the same rows and never slide (a
+session's static features) are stored as one group ``g``: ``g__group_ids`` (every member's list,
+or empty for a repeat) and ``g__group_lengths``, so a reader decodes two columns for the group
+instead of two per member. docs/layout.md has the encoding, a worked example (run as a test),
+groups and how readers use it.
 
-    f__new_ids  list<int64>   the ids this row appends to the row group's sequence of f
-    f__start    int32         where the row's list starts in that sequence
-
-The *sequence* is the ``f__new_ids`` of the row group's rows laid end to end; a row's list
-runs from ``f__start`` to the end of its own new ids. A repeat appends nothing and keeps its
-start; a history that slid by one event appends it and starts one id later; a fresh value
-appends itself whole and starts where it was appended. Worked example (one session, a 3-item
-history; ``docs/layout.md`` holds it as a test)::
-
-    row   history (plain)   f__new_ids   f__start   sequence so far (position: id)
-    0     [5, 6]            [5, 6]       0          0:5 1:6
-    1     [5, 6]            []           0          0:5 1:6
-    2     [5, 6, 7]         [7]          0          0:5 1:6 2:7
-    3     [6, 7, 8]         [8]          1          0:5 1:6 2:7 3:8
-    4     [9]               [9]          4          0:5 1:6 2:7 3:8 4:9
-
-``f__start`` only ever grows inside a row group, by the ids a row drops: Parquet's
-DELTA_BINARY_PACKED (chosen by the ETL's encoding trial when it is the smallest) stores it
-in about a bit per row, and decoding it is the only arithmetic a reader needs: row i's list
-is ``sequence[start_i : end_i]``, ``end_i`` the end offset of its new ids.
-
-Arrow slices keep offsets into the unsliced buffer, so a batch that starts in the middle of a
-session still finds its first row's list, and a row equals its predecessor iff it appends
-nothing and keeps its start, which is how readers build an IKJT without hashing
-(``recd.tensors.stacked``).
-
-The writer (:func:`encode_row_group`, the same function in both ETL engines) encodes one row
-group at a time and starts afresh at every session and row group: the first row of each is
-stored whole, so any row group decodes on its own and whole sessions can be reordered. For
-each row it stores the fewest new ids among small shifts of the previous list
-(``MAX_SHIFT``); anything else is stored whole, which is always exact. Which features to
-encode: by default those whose stored ids are at most ``MAX_STORED_FRACTION`` of their ids
-on the ETL's sample (:func:`stored_fractions`) and whose encoded columns are not more than
-5% larger than the plain one there (:func:`choose_encoded`).
-
-*Groups.* Features that change on the same rows and never slide (a session's static user
-features: fresh at the session's first row, repeated after) are stored together, in two
-columns named after the group's first feature ``g``::
-
-    g__group_ids      list<int64>   a stored row: every member's list, member after member;
-                                    a repeat of the previous row (all members equal): empty
-    g__group_lengths  list<int32>   a stored row: the members' lengths (one per member);
-                                    a repeat: empty
-
-A reader decodes two columns for the whole group instead of two per member (on rm1-like,
-80 of the table's columns: 1.4 us per row of Parquet decoding), and a repeat is one empty
-list in each. The first row of every session and row group is stored.
-
-Plain Parquet readers are not misled: column ``f`` does not exist in a dedup file (reading it
-fails), and the schema metadata carries ``recd.table.layout``. recd's readers read both layouts,
-mixed partitions included.
-
-Hand-written because no library stores pointer-encoded sliding windows in Parquet: Parquet's
-own encodings (dictionary, delta) work within a column chunk on single values, not on lists
-that share a suffix with the previous row's.
+The writer (:func:`encode_row_group`, the same function in both ETL engines) starts afresh at
+every session and row group (their first row is stored whole), so any row group decodes on its
+own and whole sessions can be reordered; for each row it stores the fewest new ids among small
+shifts of the previous list (``MAX_SHIFT``), anything else whole, which is always exact. A row
+equals its predecessor iff it appends nothing and keeps its start, which is how readers build
+an IKJT without hashing (``recd.tensors.stacked``). Which features to encode:
+:func:`stored_fractions` and :func:`choose_encoded` (``MAX_STORED_FRACTION``,
+``MAX_SIZE_RATIO``). Hand-written: Parquet's own encodings (dictionary, delta) work on single
+values within a column chunk, not on lists that share a suffix with the previous row's.
 """
 
 from __future__ import annotations
@@ -305,13 +264,9 @@ def encode_list(
 def range_index(
     starts: np.ndarray, lengths: np.ndarray, *, ends: np.ndarray | None = None
 ) -> np.ndarray:
-    """Positions ``starts[r] .. starts[r] + lengths[r] - 1`` of every r, concatenated (int64).
-
-    In a process that has loaded fbgemm (every reader: torchrec loads it) one call of its
-    ``expand_into_jagged_permute`` kernel (2.5-3x faster than numpy on 16k rows of 13 ids);
-    elsewhere (the ETL, which never loads torch) :func:`range_index_numpy`. ``ends``: the
-    lengths' int64 running sum from 0 (n + 1), if the caller has it. (An int32 index halves
-    the index's bytes, but ``np.take`` converts it back to int64: 7% slower in the reader.)"""
+    """Positions ``starts[r] .. starts[r] + lengths[r] - 1`` of every r, concatenated (int64):
+    fbgemm's ``expand_into_jagged_permute`` where torchrec loaded it (readers), else numpy (the
+    ETL). ``ends``: the lengths' int64 running sum from 0 (n + 1), if the caller has it."""
     if "fbgemm_gpu" in sys.modules and len(lengths):
         return _range_index_fbgemm(starts, lengths, ends)
     return range_index_numpy(starts, lengths)
@@ -352,9 +307,8 @@ def _identity(n: int) -> Any:
 def range_index_numpy(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """:func:`range_index` in numpy. Built as a running sum of steps: +1 inside a range, and
     at the first position of each non-empty range the jump from the previous range's last
-    position. One scatter of a step per range and one ``cumsum``: ~30% faster than a
-    ``repeat`` of per-range shifts plus an ``arange`` on the readers' short rows (13 ids on
-    average)."""
+    position. One scatter of a step per range and one ``cumsum``: faster than a ``repeat`` of
+    per-range shifts plus an ``arange`` on the readers' short rows."""
     lengths = np.asarray(lengths)
     keep = lengths > 0
     if not keep.all():

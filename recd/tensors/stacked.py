@@ -25,8 +25,8 @@ Per batch, building the KJT of the encoded features is one gather over all of th
 IKJT of a group is: a row is distinct iff some key's (start, length) differs from the row
 before (or it starts a chunk); ``inverse_lookup`` is the running count of distinct rows;
 their lists are gathered once, key-major. The per-feature work is zero-copy views: the
-numpy passes run over all features at once (measured on rm1-like: per-feature numpy work
-cost more than the Parquet decoding it saved).
+numpy passes run over all features at once (numpy work per feature cost more than the
+Parquet decoding it saved).
 
 Plain-layout units of a table with dedup ones take the same form (each row's list is its own
 ids), so mixed tables read as one.
@@ -185,7 +185,7 @@ def _positions(
     index = {f: j for j, f in enumerate(features)}
     alone = [j for j, f in enumerate(features) if f not in member]
     # (K, n) views of (K, n + 16): with a row stride of a power of two (n = 8192) the
-    # transpose into rows of K thrashes the cache (measured 1.0 ms vs 0.14 ms, K = 46)
+    # transpose into rows of K thrashes the cache
     starts = np.empty((k, n + 16), dtype=np.int32)[:, :n]
     lengths = np.empty((k, n + 16), dtype=np.int32)[:, :n]
     parts: list[_Part] = []
@@ -662,8 +662,8 @@ def expand_stacked(table: pa.Table, keep: Collection[str]) -> pa.Table:
     The reader runs this once per unit for the features it reads as plain KJT rows (every
     encoded feature outside a group whose IKJT it builds from the positions): one gather per
     unit over all of them, and each batch's KJT is then Arrow's concatenation of plain
-    columns, as from the plain layout (measured on the clickstream profile: a gather per
-    batch cost 3x the conversion of the plain layout's batches).
+    columns, as from the plain layout (a gather per batch cost several times the conversion
+    of the plain layout's batches).
     """
     stacked = read_stacked(table)
     if stacked is None:

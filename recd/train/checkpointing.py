@@ -1,133 +1,16 @@
-"""Checkpointing a training run: cadence, signals, background writes, sidecars, resume, pivot.
+"""Checkpointing a training run: :class:`Checkpointer`, the trainer's step hook for its run
+directory (``[checkpoint]``).
 
-:class:`Checkpointer` is the trainer's :class:`recd.train.loop.StepHook` for the run
-directory (``[checkpoint] dir``, default ``train.run_dir``)::
-
-    step_NNNNNN.bin   the logical model: weights, Adam m, Adam v (recd.checkpoint.format)
-    step_NNNNNN.bin.crc32   its checksum: CRC-32 of each part (recd.checkpoint.checksum)
-    _layout.json      its parameter order (recd.train.sharding.logical_layout)
-    .loss.json        one line per step, append-only, never archived (LossLog)
-    .samples.json     sample audits on a fixed batch, at the checkpoint steps
-    .state.json       data-policy and reader state + RNG, per checkpoint step (below)
-    archive/<ts>/     .samples.json / .state.json of earlier policy phases (recd pivot)
-
-After every step (rank 0 only where a file is concerned)
---------------------------------------------------------
-1. append the step's loss to ``.loss.json`` (a replayed step after a resume is not written
-   again; its loss is compared bitwise with the recorded one, ``on_replay_mismatch``);
-2. read the signal flags (:mod:`recd.train.signals`); with several ranks all-reduce them
-   (MAX), so every rank decides the same thing at the same step;
-3. checkpoint when ``step % checkpoint_every == 0``, or on SIGUSR1 / SIGTERM (SIGTERM then
-   stops training and waits for the write, and ``recd train`` exits 0), and once more at the
-   end of training when the last step was not saved.
-
-A checkpoint, CheckFreq-style: **snapshot**, then **write** on a background thread. At the
-step boundary k (after ``optimizer.step()`` returned) the training thread waits for the
-previous write if one is still running (one write in flight: backpressure; the snapshot
-buffer is reused), computes the sample audit (a forward pass on the audit batch, no
-gradients), gathers every rank's reader position and RNG state, and hands the rest to the
-writer thread, which
-
-0. copies weights, m and v into the *file image*: one page-aligned buffer laid out exactly
-   as ``step_k.bin`` (pinned when training on a GPU). This copy overlaps the next steps
-   (:mod:`recd.train.snapshot`): ``ModelAdam`` changes parameters in ``step()`` only (it
-   never fuses the update into the backward pass), so batch loading, forward and backward
-   run alongside it; the next ``step()`` waits (helping) only for the dense parameters'
-   copy, and the embedding tables' copy goes on through as many steps as it takes,
-   copy-on-write by rows: each step hands over the rows it updates as they were before it,
-   and they are written over the image once the bulk copy is done. The image is therefore
-   exactly the state of step k. Measured on the checkpoint benchmark's 10M-parameter DLRM
-   (121.6 MB image): guarding ``step()`` instead of ``zero_grad()`` (before the backward)
-   cut the training thread's wait per checkpoint from 17.8 to ~8 ms, and copy-on-write for
-   the tables to ~1 ms. Several processes (``ShardedAdam``, whose fused tables on a GPU
-   update inside the backward): each rank copies its blocks (``ShardedAdam.export_local``)
-   at the boundary instead;
-
-then, in this order,
-
-a. writes ``.state.json`` with the entry of step k,
-b. appends the audit of step k to ``.samples.json``,
-c. fsyncs ``.loss.json`` (the durable history reaches step k before checkpoint k exists),
-d. computes the CRC-32 of each part of the image (header, weights, m, v: ~32 ms of this
-   thread for the benchmark's 121.6 MB; zlib releases the GIL), writes the image to a temp file with
-   ``O_DIRECT`` (no second copy through the page cache, no page cache evicted) and commits
-   it: the checksum sidecar ``step_k.bin.crc32`` first, then the file (fsync, rename, fsync
-   the directory),
-e. applies retention (newest ``keep_last`` plus every ``keep_every``-th, by step).
-
-The writer thread runs at a lower CPU priority (nice +10). ``background = false`` does all of
-it on the training thread before the next step.
-
-A crash anywhere leaves the previous checkpoint and its state entry intact; a state entry or
-audit without its checkpoint is harmless (the resumed run re-produces the audit, and state
-entries are looked up by the checkpoint's step).
-
-``.state.json``
----------------
-One JSON document, replaced atomically::
-
-    {"format": "recd-train-state", "version": 1,
-     "data_policy": {"world_size": W, "reader": {...rank 0's reader config...}},
-     "checkpoints": {"100": {"step": 100, "world_size": W, "saved_at": "...",
-                             "readers": [<ResumableLoader.state_dict() of each rank>],
-                             "rng": [<base64 torch.get_rng_state() of each rank>]},
-                     "200": {...}}}
-
-The entries are **keyed by checkpoint step** and kept for every checkpoint still on disk
-(retention drops the entries of the checkpoints it deletes, right after them), so resuming
-from an older checkpoint (the newest is corrupt: fallback) never pairs it with a newer reader
-position. A document without ``checkpoints`` (none yet, or fresh after ``recd pivot`` /
-``recd fork``) means a fresh data policy: the run resumes the weights, m, v and step of the
-checkpoint, and the reader starts at the beginning of its partitions. A document whose
-entries miss the checkpoint's step is an error (:class:`recd.errors.SidecarError`).
-
-Ownership
----------
-One trainer per run directory: rank 0 (or, with ``recd train --nproc``, the launcher before
-any worker starts) takes the directory's lock (``RUN_DIR/.lock``,
-:mod:`recd.checkpoint.lock`) before anything in it is read or written, and holds it for the
-whole run. Only then are the temp files of killed writers removed; a second trainer on a live
-run directory fails with ``RunDirectoryBusyError`` naming the live one's pid, having touched
-nothing.
-
-Resume (``recd train --resume``)
---------------------------------
-Rank 0 picks the newest valid checkpoint (``newest_valid_checkpoint``: older ones are tried,
-with one warning line per file skipped, when the newest fails its size/header checks, its
-bytes do not match its checksum sidecar (a flipped bit: one process checks the bytes it reads
-into memory anyway; a file without a sidecar, from an older recd, loads unverified), or it
-holds a NaN or an infinity in its weights, Adam m or Adam v: ``check_finite`` names the tensor
-and the first bad index; ``train.accept_nonfinite`` / ``--accept-nonfinite`` accepts them, never
-a checksum mismatch) and tells the other ranks. When checkpoints exist but none is usable the
-resume fails (``CheckpointCorruptError``) rather than starting afresh.
-Every rank restores weights, m, v and the optimizer's step counter from it (one process:
-the file is read into memory; several: each rank copies its own blocks out of the
-memory-mapped regions, so any world size loads any checkpoint), then its own reader position
-and RNG state from ``.state.json`` (these need the world size the checkpoint was written
-with). The continuation is bit-exact with the run that never stopped: same losses, same
-final checkpoint bytes (tests/integration/test_checkpoint_resume.py).
-
-Distributed save
-----------------
-The file is the logical model's. Rank 0 preallocates the temp file (exact size, header);
-after a barrier every rank pwrites the element ranges of the blocks it owns into the three
-regions (``ShardedAdam.write_local_ranges``) and fsyncs; after a second barrier rank 0 writes
-the sidecars and commits (no rank holds the whole file, so rank 0's writer thread reads the
-temp file back for its checksum). These barriers run on the writer thread, on a separate gloo
-process group, so they never interleave with the training collectives.
-
-Pivot (``recd pivot``, :func:`prepare_pivot`)
--------------------------------------------
-Archive ``.samples.json`` and ``.state.json`` into ``archive/<timestamp>/`` (with any
-checkpoint newer than the pivot's, and their checksums: they belong to the abandoned branch
-and must never be picked by a later resume), keep ``.loss.json`` and append a ``branch``
-record at the pivot step, then resume from the checkpoint under the new config with a fresh
-data policy.
+After every step it records the loss (``.loss.json``) and, on cadence, SIGUSR1 or SIGTERM
+(agreed by every rank), takes a checkpoint: a snapshot at the step boundary, then the file and
+its sidecars written on a background thread, so training goes on while the bytes are written
+(CheckFreq-style: one write in flight). ``attach(trainer, resume=True)`` restores the newest
+valid checkpoint bit-exactly. The run directory, the write order that keeps a crash harmless,
+``.state.json``, resume and the distributed save: docs/checkpoints.md.
 """
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import datetime
 import logging
@@ -149,7 +32,6 @@ from recd.checkpoint.atomic import (
     clean_stray_temp_files,
     commit,
     list_checkpoints,
-    move_checkpoint,
     newest_valid_checkpoint,
     read_layout_or_none,
     write_layout,
@@ -174,13 +56,17 @@ from recd.checkpoint.sidecars import (
     STATE_FILE,
     LossLog,
     append_sample_audit,
-    archive_policy_sidecars,
     read_loss_history,
-    read_state,
-    utc_timestamp,
 )
-from recd.durable import fsync_directory, fsync_file, temp_path_for, write_json_atomic
-from recd.errors import CheckpointCorruptError, CheckpointError, ConfigError, SidecarError
+from recd.checkpoint.state_file import (
+    StateFile,
+    decode_rng,
+    encode_rng,
+    read_step_state,
+    step_entry,
+)
+from recd.durable import fsync_file, temp_path_for
+from recd.errors import CheckpointCorruptError, CheckpointError, ConfigError
 from recd.optim import FlatState, ModelAdam
 from recd.train.config import TrainConfig
 from recd.train.history import json_safe
@@ -190,25 +76,19 @@ from recd.train.snapshot import FillPieces, RowPatches, SnapshotFill, TableViews
 from recd.train.state import TrainState
 
 if TYPE_CHECKING:
+    from recd.optim.sharded_adam import ParamShard
     from recd.tensors.batch import Batch
     from recd.train.loop import Trainer
-    from recd.train.sharding import ParamShard
 
 __all__ = [
-    "STATE_FORMAT",
     "CheckpointStats",
     "Checkpointer",
-    "PivotResult",
     "ResumeInfo",
-    "prepare_pivot",
     "read_checkpoint_flat",
-    "read_step_state",
 ]
 
 log = logging.getLogger(__name__)
 
-STATE_FORMAT = "recd-train-state"
-STATE_VERSION = 1
 AUDIT_PREDICTIONS = 8
 """Rows of the audit batch whose predicted probabilities are stored in each audit."""
 WRITER_TIMEOUT = datetime.timedelta(minutes=30)
@@ -273,50 +153,6 @@ class CheckpointStats:
         if self.resume is not None and self.resume.path is not None:
             out["resume"]["path"] = str(self.resume.path)
         return out
-
-
-# ----------------------------------------------------------------------------- state sidecar
-
-
-def _encode_rng(state: torch.Tensor) -> str:
-    return base64.b64encode(state.numpy().tobytes()).decode("ascii")
-
-
-def _decode_rng(text: str) -> torch.Tensor:
-    return torch.from_numpy(np.frombuffer(base64.b64decode(text), dtype=np.uint8).copy())
-
-
-def read_step_state(run_dir: str | os.PathLike[str], step: int) -> dict[str, Any] | None:
-    """The ``.state.json`` entry of checkpoint ``step``; None for a fresh data policy.
-
-    None when the run has no ``.state.json``, it holds no ``checkpoints`` (fresh after a
-    pivot or fork) or the step's entry says ``fresh_policy`` (the checkpoint a pivot or fork
-    restarted from); ``SidecarError`` when it holds entries but not this step's (its reader
-    position is lost: resume from another checkpoint, or ``recd pivot`` to start the data
-    policy afresh from this one).
-    """
-    doc = read_state(run_dir)
-    path = Path(run_dir) / STATE_FILE
-    if doc is None or not doc.get("checkpoints"):
-        return None
-    if doc.get("format") != STATE_FORMAT:
-        raise SidecarError(f"{path}: field 'format': expected {STATE_FORMAT!r}")
-    entry = doc["checkpoints"].get(str(step))
-    if isinstance(entry, dict) and entry.get("fresh_policy"):
-        return None
-    if entry is None:
-        raise SidecarError(
-            f"{path}: no reader/RNG state for checkpoint step {step} (entries: "
-            f"{sorted(int(s) for s in doc['checkpoints'])}); resume from one of those, or "
-            "`recd pivot` to restart the data policy from this checkpoint"
-        )
-    if not isinstance(entry, dict) or entry.get("step") != step:
-        raise SidecarError(f"{path}: entry {step!r} is malformed")
-    return entry
-
-
-def _empty_state_doc() -> dict[str, Any]:
-    return {"format": STATE_FORMAT, "version": STATE_VERSION, "checkpoints": {}}
 
 
 # ----------------------------------------------------------------------------- reading
@@ -536,7 +372,7 @@ class _BackgroundWriter:
 
 
 class Checkpointer:
-    """The checkpoint :class:`~recd.train.loop.StepHook` (see the module docstring).
+    """The checkpoint :class:`~recd.train.hooks.StepHook` (the protocol: docs/checkpoints.md).
 
     Usage (what :func:`recd.train.run.run_training` does)::
 
@@ -572,7 +408,7 @@ class Checkpointer:
         self._snapshot_fill: SnapshotFill | None = None
         """The snapshot copy in flight (set by the writer thread once planned)."""
         self._audit_batch: Batch | None = None
-        self._state_doc: dict[str, Any] = _empty_state_doc()
+        self._state = StateFile(self.run_dir)
         self._pg: Any = None
         self._job_tag = str(os.getpid())
         self._guarded: tuple[Any, bool, Any] | None = None
@@ -601,7 +437,7 @@ class Checkpointer:
         a replacement rank joining survivors (:mod:`recd.recovery.rejoin`): nothing is
         restored (the survivors hand over the state), the other ranks run :meth:`rejoin`.
         """
-        from recd.train.sharding import logical_layout
+        from recd.optim.sharded_adam import logical_layout
 
         self._trainer = trainer
         self._layout = logical_layout(trainer.model_config)
@@ -703,10 +539,7 @@ class Checkpointer:
                 )
             if saved != self._layout:
                 write_layout(self.run_dir, self._layout)
-            doc = read_state(self.run_dir)
-            if doc is not None:
-                self._state_doc = {**_empty_state_doc(), **doc}
-                self._state_doc.setdefault("checkpoints", {})
+            self._state.load()
         self._barrier_main()
 
     def _barrier_main(self) -> None:
@@ -794,7 +627,7 @@ class Checkpointer:
             trainer.optimizer.load_state(params)
             trainer.step = step
             if self.is_main:  # recorded with the next state write: a later fallback to it
-                self._state_doc["checkpoints"][str(step)] = {"step": step, "fresh_policy": True}
+                self._state.mark_fresh(step)
                 log.warning(
                     "resume: %s has no reader/RNG state for step %d (fresh data policy after a "
                     "pivot or fork): weights, Adam state and step restored, the reader starts "
@@ -827,7 +660,7 @@ class Checkpointer:
                 step=params.step,
                 params=params,
                 reader=entry["readers"][trainer.rank],
-                rng=_decode_rng(entry["rng"][trainer.rank]),
+                rng=decode_rng(entry["rng"][trainer.rank]),
             )
         )
 
@@ -841,7 +674,7 @@ class Checkpointer:
         return self.signals.take()
 
     def after_step(self, trainer: Trainer, step: int, loss: float) -> None:
-        """Record the loss; checkpoint on cadence or signal (see the module docstring)."""
+        """Record the loss; checkpoint on cadence or signal (``.loss.json`` first)."""
         if self._losses is not None:
             self._losses.append(step, loss)
         signals = self._poll_signals(trainer)
@@ -865,8 +698,7 @@ class Checkpointer:
         """Snapshot now, write in the background (every rank, at the same step).
 
         One process, ``background = true``: the copy of weights, m and v into the file image
-        runs on the writer thread too, overlapping the next steps (see the module docstring
-        and :mod:`recd.train.snapshot`).
+        runs on the writer thread too, overlapping the next steps (:mod:`recd.train.snapshot`).
         """
         began = time.perf_counter()
         self.wait()  # backpressure: one write in flight, and the image is free again
@@ -985,7 +817,7 @@ class Checkpointer:
 
     def _state_entry(self, trainer: Trainer, step: int) -> dict[str, Any] | None:
         """Every rank's reader position and RNG state, gathered on rank 0."""
-        mine = (trainer.loader.state_dict(), _encode_rng(torch.get_rng_state()))
+        mine = (trainer.loader.state_dict(), encode_rng(torch.get_rng_state()))
         if trainer.dist is not None:
             import torch.distributed as dist
 
@@ -995,13 +827,12 @@ class Checkpointer:
             gathered = [mine]
         if not trainer.is_main:
             return None
-        return {
-            "step": step,
-            "world_size": trainer.world_size,
-            "saved_at": utc_timestamp(),
-            "readers": [reader for reader, _ in gathered],
-            "rng": [rng for _, rng in gathered],
-        }
+        return step_entry(
+            step,
+            trainer.world_size,
+            [reader for reader, _ in gathered],
+            [rng for _, rng in gathered],
+        )
 
     def _audit_due(self, step: int, reason: str) -> bool:
         every = self.section.sample_every or 0
@@ -1039,7 +870,8 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ the writer thread
     def _write(self, snapshot: _Snapshot) -> None:
-        """The background job: sidecars, then the file, then retention (see the docstring)."""
+        """The background job: sidecars, then the file, then retention (in this order: a
+        crash leaves the previous checkpoint and its state entry intact)."""
         assert self._layout is not None and self._trainer is not None
         began = time.perf_counter()
         cpu_began = time.thread_time()
@@ -1057,7 +889,7 @@ class Checkpointer:
         size = final.stat().st_size
         deleted = apply_retention(self.run_dir, self.policy, layout=self._layout)
         for gone in deleted:  # their .state.json entries went with them
-            self._state_doc["checkpoints"].pop(str(parse_checkpoint_step(gone.name)), None)
+            self._state.forget(parse_checkpoint_step(gone.name))
         self.stats.checkpoints += 1
         self.stats.steps.append(snapshot.step)
         self.stats.write_s.append(time.perf_counter() - began)
@@ -1076,20 +908,20 @@ class Checkpointer:
         if not self.is_main:
             return
         assert snapshot.state_entry is not None
-        doc = self._state_doc
         on_disk = {parse_checkpoint_step(p.name) for p in list_checkpoints(self.run_dir)}
-        kept = {s: e for s, e in doc["checkpoints"].items() if int(s) in on_disk}
-        kept[str(snapshot.step)] = snapshot.state_entry
-        doc["checkpoints"] = dict(sorted(kept.items(), key=lambda item: int(item[0])))
         trainer = self._trainer
         assert trainer is not None
-        doc["data_policy"] = {
-            "world_size": trainer.world_size,
-            "reader": {
-                k: v for k, v in trainer.reader_config.to_dict().items() if k not in ("rank",)
+        self._state.write(
+            snapshot.step,
+            snapshot.state_entry,
+            on_disk=on_disk,
+            data_policy={
+                "world_size": trainer.world_size,
+                "reader": {
+                    k: v for k, v in trainer.reader_config.to_dict().items() if k not in ("rank",)
+                },
             },
-        }
-        write_json_atomic(self.run_dir / STATE_FILE, doc)
+        )
         if snapshot.audit is not None:
             append_sample_audit(self.run_dir, snapshot.audit, keep_last=self.section.audit_keep)
         if self._losses is not None:
@@ -1099,7 +931,7 @@ class Checkpointer:
         """Ranged writes of every rank into one temp file; rank 0 commits."""
         import torch.distributed as dist
 
-        from recd.train.sharding import ShardedAdam
+        from recd.optim.sharded_adam import ShardedAdam
 
         assert self._trainer is not None and self._layout is not None
         optimizer = self._trainer.optimizer
@@ -1141,95 +973,3 @@ class Checkpointer:
             if self._dir_lock is not None:
                 self._dir_lock.release()
                 self._dir_lock = None
-
-
-# ----------------------------------------------------------------------------- pivot
-
-
-@dataclass(kw_only=True, slots=True)
-class PivotResult:
-    """What :func:`prepare_pivot` did."""
-
-    run_dir: Path
-    checkpoint: Path
-    """The checkpoint training restarts from."""
-    step: int
-    archive: Path
-    """``archive/<timestamp>/``: the old ``.samples.json``, ``.state.json`` and checkpoints."""
-    moved_checkpoints: list[Path]
-    """Checkpoints newer than ``step`` moved into the archive (the abandoned branch)."""
-
-
-def prepare_pivot(
-    run_dir: str | os.PathLike[str],
-    *,
-    from_checkpoint: str | os.PathLike[str] | int | None = None,
-    note: dict[str, Any] | None = None,
-    layout: ParamLayout | None = None,
-    accept_nonfinite: bool = False,
-) -> PivotResult:
-    """Archive the policy sidecars, keep ``.loss.json``, make ``from_checkpoint`` the newest.
-
-    ``from_checkpoint``: a ``step_NNNNNN.bin`` of ``run_dir`` (a path or a step); default the
-    newest valid one. The run must not be training (the run directory's lock is taken first,
-    so a live trainer makes this fail before anything moves). ``note`` is stored in the
-    ``branch`` record of ``.loss.json`` (e.g. the new config). ``layout``: the new config's
-    model, checked against the checkpoint before anything moves, like its checksum (a
-    mismatch is always refused) and its values (a NaN or an infinity is refused unless
-    ``accept_nonfinite``).
-    """
-    directory = Path(run_dir)
-    if not directory.is_dir():
-        raise CheckpointError(f"{directory}: no such run directory")
-    layout = layout or read_layout_or_none(directory)
-    with lock_run_directory(directory), LossLog(directory) as losses:
-        if from_checkpoint is None:
-            source = newest_valid_checkpoint(directory, layout)
-            if source is None:
-                raise CheckpointError(f"{directory}: no checkpoint to pivot from")
-        elif isinstance(from_checkpoint, int):
-            source = checkpoint_path(directory, from_checkpoint)
-        else:
-            source = Path(from_checkpoint)
-        if source.resolve().parent != directory.resolve():
-            raise CheckpointError(
-                f"{source}: a pivot restarts from a checkpoint of {directory}; to branch from "
-                "another run's checkpoint use `recd fork CKPT NEWDIR`"
-            )
-        header = validate_checkpoint(source, layout)
-        verify_checksum(source)  # a flipped bit is never accepted, non-finite values may be
-        if not accept_nonfinite:
-            check_checkpoint_finite(source, layout)
-        clean_stray_temp_files(directory)
-        archive = archive_policy_sidecars(directory)
-        newer = [
-            p
-            for p in list_checkpoints(directory)
-            if (parse_checkpoint_step(p.name) or 0) > header.step
-        ]
-        for path in newer:
-            move_checkpoint(path, archive)  # with its checksum
-        if newer:
-            fsync_directory(archive)
-            fsync_directory(directory)
-        losses.begin_branch(
-            header.step,
-            reason="pivot",
-            checkpoint=source.name,
-            archive=str(archive.relative_to(directory)),
-            **(note or {}),
-        )
-    log.info(
-        "pivot: %s archived in %s (%d newer checkpoints with them); .loss.json branches at step %d",
-        ".samples.json/.state.json",
-        archive,
-        len(newer),
-        header.step,
-    )
-    return PivotResult(
-        run_dir=directory,
-        checkpoint=directory / source.name,
-        step=header.step,
-        archive=archive,
-        moved_checkpoints=[archive / p.name for p in newer],
-    )

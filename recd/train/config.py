@@ -48,13 +48,20 @@ names the field and the offending value (``ConfigError``, exit code 2 in the CLI
 from __future__ import annotations
 
 import dataclasses
-import math
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from recd.config_types import typed_values
+from recd.config_types import (
+    NonNegativeFloat,
+    NonNegativeInt,
+    OneOf,
+    PositiveInt,
+    build_section,
+    check_fields,
+    check_keys,
+    load_toml,
+)
 from recd.errors import ConfigError
 from recd.models.options import DedupMode, SequenceConfig
 from recd.optim.config import AdamConfig
@@ -95,9 +102,9 @@ class EvalConfig:
     """First held-out partition hour (inclusive; formats of ``reader.start``)."""
     end: str | None = None
     """Partition hour to stop before (exclusive); None: to the end of the table."""
-    batch_size: int = 1024
+    batch_size: PositiveInt = 1024
     """Rows per evaluation batch (no gradients: can be larger than the training batch)."""
-    max_batches: int | None = None
+    max_batches: PositiveInt | None = None
     """Evaluate at most this many batches (None: the whole held-out range)."""
 
     def __post_init__(self) -> None:
@@ -105,35 +112,26 @@ class EvalConfig:
             raise ConfigError(
                 "eval: give eval.start and/or eval.end (the held-out partitions), or eval.table"
             )
-        _check_int("eval.batch_size", self.batch_size, minimum=1)
-        if self.max_batches is not None:
-            _check_int("eval.max_batches", self.max_batches, minimum=1)
+        check_fields(self, "eval.")
 
 
 @dataclass(kw_only=True, slots=True)
 class SequenceSection:
     """The transformers that pool sequence groups (``kind = "rm1"`` only)."""
 
-    num_layers: int = 1
+    num_layers: PositiveInt = 1
     """Encoder layers per group."""
-    num_heads: int = 2
+    num_heads: PositiveInt = 2
     """Attention heads; must divide ``model.embedding_dim``."""
-    ff_dim: int = 32
+    ff_dim: PositiveInt = 32
     """Feed-forward width of each layer."""
-    max_seq_len: int | None = None
+    max_seq_len: PositiveInt | None = None
     """Positions kept per sequence; None: the longest history's ``max_length`` (catalogue)."""
     pooling: Literal["mean", "first"] = "mean"
     """``mean`` over [CLS] and valid positions, or the [CLS] output (``first``)."""
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "num_heads", "ff_dim"):
-            _check_int(f"model.sequence.{name}", getattr(self, name), minimum=1)
-        if self.max_seq_len is not None:
-            _check_int("model.sequence.max_seq_len", self.max_seq_len, minimum=1)
-        if self.pooling not in ("mean", "first"):
-            raise ConfigError(
-                f"model.sequence.pooling: expected 'mean' or 'first', got {self.pooling!r}"
-            )
+        check_fields(self, "model.sequence.")
 
     def to_sequence_config(self, *, longest_history: int) -> SequenceConfig:
         """The model's :class:`SequenceConfig` (dropout 0: the IKJT path must equal the KJT one)."""
@@ -153,17 +151,17 @@ class ModelSection:
     kind: ModelKind = "rm1"
     """``rm1``: history features pooled by per-group transformers (RM1-like);
     ``dlrm``: every sparse feature sum-pooled by the EmbeddingBagCollection."""
-    embedding_dim: int = 16
+    embedding_dim: PositiveInt = 16
     """E: embedding width (also the bottom MLP output and the transformer width)."""
-    max_rows: int = 100_000
+    max_rows: PositiveInt = 100_000
     """Rows per table: ``min(cardinality, max_rows)``."""
     hash_ids: bool = True
     """Add a reader ``hash_modulo`` step (modulo ``max_rows``) for every feature whose
     catalogue cardinality exceeds ``max_rows``, so its ids fit the table. False: the reader's
     own preprocessing must map ids into ``[0, rows)``."""
-    bottom_mlp: list[int] | None = None
+    bottom_mlp: list[PositiveInt] | None = None
     """Bottom MLP sizes, the last equal to ``embedding_dim``; None: ``[4 E, E]``."""
-    top_mlp: list[int] | None = None
+    top_mlp: list[PositiveInt] | None = None
     """Top MLP sizes, the last equal to the number of labels; None: ``[4 E, labels]``."""
     dedup: DedupMode = DedupMode.FULL
     """How IKJT batches are used: ``off`` (expand to KJT first), ``lookup`` (embedding lookups
@@ -172,23 +170,12 @@ class ModelSection:
     """``[model.sequence]``: the sequence-group transformers."""
 
     def __post_init__(self) -> None:
-        if self.kind not in ("dlrm", "rm1"):
-            raise ConfigError(f"model.kind: expected 'dlrm' or 'rm1', got {self.kind!r}")
-        _check_int("model.embedding_dim", self.embedding_dim, minimum=1)
-        _check_int("model.max_rows", self.max_rows, minimum=1)
-        try:
-            self.dedup = DedupMode(self.dedup)
-        except ValueError as exc:
-            choices = ", ".join(m.value for m in DedupMode)
-            raise ConfigError(f"model.dedup: {self.dedup!r} is not one of {choices}") from exc
         for name in ("bottom_mlp", "top_mlp"):
             sizes = getattr(self, name)
-            if sizes is None:
-                continue
-            if not isinstance(sizes, list) or not sizes:
+            if sizes is not None and (not isinstance(sizes, list) or not sizes):
                 raise ConfigError(f"model.{name}: expected a list of layer sizes, got {sizes!r}")
-            for size in sizes:
-                _check_int(f"model.{name}", size, minimum=1)
+        check_fields(self, "model.")
+        self.dedup = DedupMode(self.dedup)
         if self.bottom_mlp is not None and self.bottom_mlp[-1] != self.embedding_dim:
             raise ConfigError(
                 f"model.bottom_mlp: the last size {self.bottom_mlp[-1]} must equal "
@@ -205,26 +192,23 @@ class ModelSection:
 class OptimSection:
     """Adam for every parameter (dense: torch Adam; tables: lazy Adam / fbgemm fused ADAM)."""
 
-    lr: float = 1e-3
+    lr: NonNegativeFloat = 1e-3
     """Learning rate of the dense parameters."""
-    embedding_lr: float | None = None
+    embedding_lr: NonNegativeFloat | None = None
     """Learning rate of the embedding tables; None: ``lr``."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     """Adam (beta1, beta2): the decays of m and v."""
-    eps: float = 1e-8
+    eps: NonNegativeFloat = 1e-8
     """Added to the bias-corrected sqrt(v)."""
-    weight_decay: float = 0.0
+    weight_decay: NonNegativeFloat = 0.0
     """L2 penalty of the dense parameters (torch Adam)."""
-    embedding_weight_decay: float = 0.0
+    embedding_weight_decay: NonNegativeFloat = 0.0
     """Decoupled decay of the touched embedding rows (fbgemm ADAM)."""
 
     def __post_init__(self) -> None:
-        # NaN passes every comparison's "not < 0" and infinity every ">= 0": both would reach
-        # the optimizer (torch: "Invalid learning rate: nan") or train to NaN weights.
-        for name in ("lr", "eps", "weight_decay", "embedding_weight_decay"):
-            _check_float(f"optim.{name}", getattr(self, name), minimum=0.0)
-        if self.embedding_lr is not None:
-            _check_float("optim.embedding_lr", self.embedding_lr, minimum=0.0)
+        # A float with a range must be finite: NaN passes every comparison's "not < 0" and
+        # infinity every ">= 0"; both would reach the optimizer or train to NaN weights.
+        check_fields(self, "optim.")
         if not isinstance(self.betas, list | tuple) or len(self.betas) != 2:
             raise ConfigError(f"optim.betas: expected [beta1, beta2], got {self.betas!r}")
         self.betas = [float(b) for b in self.betas]
@@ -250,29 +234,29 @@ class OptimSection:
 class RunSection:
     """The ``[train]`` table: length, cadences, seed, output, devices and sharding."""
 
-    steps: int = 300
+    steps: PositiveInt = 300
     """Optimizer steps (fewer if the reader runs out of batches first: raise
     ``reader.num_epochs``)."""
-    log_every: int = 10
+    log_every: PositiveInt = 10
     """Write a ``metrics.jsonl`` line (and update the progress display) every this many steps."""
-    eval_every: int = 100
+    eval_every: NonNegativeInt = 100
     """Evaluate on the held-out partitions every this many steps (0: only at the end). The
     last step is always evaluated when ``[eval]`` is given."""
-    seed: int = 0
+    seed: NonNegativeInt = 0
     """Seeds the weights (and the reader's shuffle unless ``reader.seed`` is given): the same
     seed and config give bit-identical losses."""
     run_dir: Path = Path("runs/train")
     """Where ``metrics.jsonl``, ``loss.png`` and ``train.json`` go (created if missing)."""
     device: Device = "auto"
     """``cpu``, ``cuda`` (this rank's local GPU) or ``auto`` (cuda when available)."""
-    world_size: int = 1
+    world_size: PositiveInt = 1
     """Trainer processes (``recd train --nproc`` overrides): > 1 launches torchrun, shards the
     embedding tables (DMP) and runs the dense layers data-parallel."""
-    sharding: str = "table_wise"
+    sharding: Annotated[str, OneOf(SHARDING_PLANS)] = "table_wise"
     """Embedding sharding when ``world_size > 1`` (``recd.train.sharding``): table_wise,
     row_wise, table_row_wise, column_wise, data_parallel (tables replicated) or auto
     (torchrec's planner)."""
-    num_threads: int | None = None
+    num_threads: PositiveInt | None = None
     """torch intra-op threads per process (None: torch's default)."""
     plot: bool = True
     """Write the loss plot ``loss.png`` at the end."""
@@ -283,20 +267,8 @@ class RunSection:
     is used), and a non-finite loss stops training with an error naming the step."""
 
     def __post_init__(self) -> None:
-        _check_int("train.steps", self.steps, minimum=1)
-        _check_int("train.log_every", self.log_every, minimum=1)
-        _check_int("train.eval_every", self.eval_every, minimum=0)
-        _check_int("train.seed", self.seed, minimum=0)
-        _check_int("train.world_size", self.world_size, minimum=1)
-        if self.num_threads is not None:
-            _check_int("train.num_threads", self.num_threads, minimum=1)
+        check_fields(self, "train.")
         self.run_dir = Path(self.run_dir)
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ConfigError(f"train.device: expected auto, cpu or cuda, got {self.device!r}")
-        if self.sharding not in SHARDING_PLANS:
-            raise ConfigError(
-                f"train.sharding: {self.sharding!r} is not one of {', '.join(SHARDING_PLANS)}"
-            )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -304,29 +276,29 @@ class CheckpointSection:
     """The ``[checkpoint]`` table: cadence, retention and where the run directory is.
 
     The run directory (``dir``) holds ``step_NNNNNN.bin``, ``_layout.json`` and the three
-    sidecars ``.loss.json``, ``.samples.json``, ``.state.json`` (:mod:`recd.train.checkpointing`).
+    sidecars ``.loss.json``, ``.samples.json``, ``.state.json`` (docs/checkpoints.md; :mod:`recd.checkpoint.state_file`).
     """
 
     enabled: bool = True
     """Write checkpoints (periodic, on SIGTERM / SIGUSR1, at the end) and the sidecars."""
     dir: Path | None = None
     """The run directory of the checkpoints and sidecars; None: ``train.run_dir``."""
-    checkpoint_every: int = 100
+    checkpoint_every: PositiveInt = 100
     """Write ``step_NNNNNN.bin`` every this many optimizer steps (and at the last step)."""
-    sample_every: int | None = None
+    sample_every: NonNegativeInt | None = None
     """Write a sample audit to ``.samples.json`` every this many steps; None: equal to
     ``checkpoint_every`` (the default: every checkpoint has an audit and every audit a
     recovery point). Must be a multiple of ``checkpoint_every`` (so every audit still lands on
     a checkpoint); 0 disables the audits."""
-    keep_last: int = 3
+    keep_last: PositiveInt = 3
     """Retention: always keep the newest K checkpoints."""
-    keep_every: int = 10
+    keep_every: NonNegativeInt = 10
     """Retention: also keep forever every checkpoint whose step is a multiple of
     ``keep_every * checkpoint_every``; 0: none."""
     background: bool = True
     """Snapshot at the step boundary, then write on a background thread (one write in flight;
     the next snapshot waits for it). False: write before the next step starts."""
-    audit_keep: int = 100
+    audit_keep: PositiveInt = 100
     """``.samples.json`` keeps the most recent this many audits."""
     on_replay_mismatch: Literal["warn", "raise"] = "warn"
     """A resumed run replays the steps after its checkpoint; when a replayed loss differs
@@ -335,29 +307,15 @@ class CheckpointSection:
     kernels may not be, hence the default."""
 
     def __post_init__(self) -> None:
-        _check_int("checkpoint.checkpoint_every", self.checkpoint_every, minimum=1)
+        check_fields(self, "checkpoint.")
         if self.sample_every is None:
             self.sample_every = self.checkpoint_every
-        _check_int("checkpoint.sample_every", self.sample_every, minimum=0)
         if self.sample_every % self.checkpoint_every:
             raise ConfigError(
                 f"checkpoint.sample_every: {self.sample_every} is not a multiple of "
                 f"checkpoint.checkpoint_every = {self.checkpoint_every} (every sample audit "
                 "must match a recovery point)"
             )
-        _check_int("checkpoint.keep_last", self.keep_last, minimum=1)
-        _check_int("checkpoint.keep_every", self.keep_every, minimum=0)
-        _check_int("checkpoint.audit_keep", self.audit_keep, minimum=1)
-        if self.on_replay_mismatch not in ("warn", "raise"):
-            raise ConfigError(
-                "checkpoint.on_replay_mismatch: expected 'warn' or 'raise', got "
-                f"{self.on_replay_mismatch!r}"
-            )
-        for name in ("enabled", "background"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(
-                    f"checkpoint.{name}: expected true or false, got {getattr(self, name)!r}"
-                )
         if self.dir is not None:
             self.dir = Path(self.dir)
 
@@ -445,18 +403,14 @@ class TrainConfig:
         Unknown tables or keys are errors naming ``source`` and the key.
         """
         known = ("reader", "eval", "model", "optim", "train", "checkpoint")
-        unknown = sorted(set(data) - set(known))
-        if unknown:
-            raise ConfigError(
-                f"{source}: unknown table(s) {', '.join(unknown)}; expected {', '.join(known)}"
-            )
+        check_keys(data, known, f"{source}: ", what="table")
         for name in known:
             if name in data and not isinstance(data[name], dict):
                 raise ConfigError(f"{source}: [{name}] must be a table")
         if "reader" not in data:
             raise ConfigError(f"{source}: missing [reader] table (the training partitions)")
         try:
-            train = _build(RunSection, dict(data.get("train", {})), "train")
+            train = build_section(RunSection, dict(data.get("train", {})), "train")
             if base_dir is not None and not train.run_dir.is_absolute():
                 train.run_dir = base_dir / train.run_dir
             reader_data = dict(data["reader"])
@@ -466,12 +420,14 @@ class TrainConfig:
                 reader_data["table"] = str(base_dir / table)
             reader = ReaderConfig.from_dict(reader_data, source=f"{source}[reader]")
             model_data = dict(data.get("model", {}))
-            sequence = _build(
+            sequence = build_section(
                 SequenceSection, dict(model_data.pop("sequence", {})), "model.sequence"
             )
-            model = _build(ModelSection, {**model_data, "sequence": sequence}, "model")
-            optim = _build(OptimSection, dict(data.get("optim", {})), "optim")
-            evaluation = _build(EvalConfig, dict(data["eval"]), "eval") if "eval" in data else None
+            model = build_section(ModelSection, {**model_data, "sequence": sequence}, "model")
+            optim = build_section(OptimSection, dict(data.get("optim", {})), "optim")
+            evaluation = (
+                build_section(EvalConfig, dict(data["eval"]), "eval") if "eval" in data else None
+            )
             if (
                 evaluation is not None
                 and evaluation.table is not None
@@ -479,7 +435,9 @@ class TrainConfig:
                 and not Path(evaluation.table).is_absolute()
             ):
                 evaluation.table = str(base_dir / evaluation.table)
-            checkpoint = _build(CheckpointSection, dict(data.get("checkpoint", {})), "checkpoint")
+            checkpoint = build_section(
+                CheckpointSection, dict(data.get("checkpoint", {})), "checkpoint"
+            )
             if (
                 base_dir is not None
                 and checkpoint.dir is not None
@@ -523,40 +481,8 @@ def ordered_reader(
 def load_train_config(path: str | Path) -> TrainConfig:
     """Load a :class:`TrainConfig` from a TOML file (paths relative to its directory)."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"train config {path} does not exist")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    data = load_toml(path, "train config")
     return TrainConfig.from_dict(data, base_dir=path.resolve().parent, source=str(path))
-
-
-def _build(cls: type, data: dict[str, Any], section: str) -> Any:
-    """``cls(**data)`` with unknown keys reported as ``[section] unknown key ...``."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ConfigError(
-            f"[{section}]: unknown key(s) {', '.join(unknown)}; expected {', '.join(sorted(names))}"
-        )
-    return cls(**typed_values(cls, data, section))
-
-
-def _check_int(name: str, value: object, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{name}: expected an integer >= {minimum}, got {value!r}")
-
-
-def _check_float(name: str, value: object, *, minimum: float) -> None:
-    """A finite number >= ``minimum`` (NaN and infinity are refused)."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < minimum
-    ):
-        raise ConfigError(f"{name}: expected a finite number >= {minimum:g}, got {value!r}")
 
 
 def _overlap(a: tuple[int | None, int | None], b: tuple[int | None, int | None]) -> bool:

@@ -41,9 +41,9 @@ from recd.reader import ReaderConfig, ResumableLoader, build_plan
 from recd.reader.plan import ReadPlan
 from recd.schema import RESERVED_COLUMNS, Catalogue
 from recd.tensors.batch import Batch
+from recd.train.build import build_model_config, prepare_reader
 from recd.train.checkpointing import read_checkpoint_flat
 from recd.train.config import TrainConfig, ordered_reader
-from recd.train.loop import build_model_config, prepare_reader
 from recd.train.metrics import bce_from_logits
 
 __all__ = ["PredictReport", "Scorer", "predict_table", "resolve_checkpoint"]

@@ -8,71 +8,46 @@ Read top to bottom, :meth:`Trainer.train` is the whole job::
         loss   = bce(logits, batch.labels); loss.backward(); adam.step()
         every log_every steps:  metrics.jsonl line (loss, samples/s, peak memory), progress
         every eval_every steps: loss / NE / AUC on the held-out partitions
-        hooks.after_step(trainer, step, loss)   (user hooks, then the Checkpointer)
-    hooks.after_train(trainer)                  (the final checkpoint)
+        hook.after_step(trainer, step, loss)    (user hooks, then the Checkpointer)
+    hook.after_train(trainer)                   (the final checkpoint)
     loss.png, train.json
 
+Reader, model and optimizer come from :mod:`recd.train.build` (one process, or tables sharded
+by torchrec over ``train.world_size`` ranks, each reading its share of the units); results and
+output files are :mod:`recd.train.results`; the hooks it calls, :mod:`recd.train.hooks`.
+
 Determinism: ``train.seed`` seeds torch before the model is built and (unless ``reader.seed``
-is given) the reader's shuffle; nothing afterwards draws random numbers (dropout is 0), and
-the reader's batch order is canonical whatever its worker timing. So a config + seed gives
-bit-identical losses on the same machine and thread count.
-
-State for checkpoints: :meth:`Trainer.capture_state` at a step boundary holds everything a
-bit-exact resume needs (model, optimizer with its step counter, reader position, RNG),
-:meth:`Trainer.restore_state` puts it back; a :class:`StepHook` runs after every step and may
-call :meth:`Trainer.request_stop`. :func:`recd.train.run.run_training` adds the
-:class:`recd.train.checkpointing.Checkpointer` (``[checkpoint]``: checkpoints, SIGTERM /
-SIGUSR1, sidecars, ``resume``).
-
-Several processes (``train.world_size > 1``, launched by ``recd train --nproc N``): each rank
-reads its share of the units (``reader.rank``/``world_size``), every rank runs the same number
-of steps (the minimum over ranks) and the logged loss is the mean over all rows of all ranks.
-The tables are sharded by torchrec's DistributedModelParallel with the plan ``train.sharding``
-(``data_parallel`` replicates them), the dense layers run under DDP, and
-:class:`recd.train.sharding.ShardedAdam` updates everything (:mod:`recd.train.sharding`).
-Evaluation: every rank reads the whole held-out range (identical batches, as DMP's
-collectives need).
-
-Non-finite values: a step whose loss is NaN or infinite stops training at once with
-:class:`TrainingDivergedError` naming the step (its update has spoilt the weights; nothing of
-it is recorded or checkpointed) and the newest checkpoint whose values are all finite (a
-checkpoint of an earlier step may already hold the non-finite weights that made this loss),
-and so does an evaluation whose predictions are not finite;
-``train.accept_nonfinite`` (``--accept-nonfinite``) trains on instead (metrics NaN / null).
-
-One trainer per run directory: :func:`recd.train.run.run_training` takes the directory's lock
-(:mod:`recd.checkpoint.lock`) before anything in it is touched and holds it to the end.
+is given) the reader's shuffle, and nothing afterwards draws random numbers, so a config and
+seed give bit-identical losses on the same machine and thread count. A non-finite loss stops
+training with :class:`TrainingDivergedError` naming the checkpoint to continue from
+(``train.accept_nonfinite`` trains on).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import logging
 import math
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 from tqdm import tqdm
 
-from recd.durable import write_json_atomic
-from recd.errors import ConfigError, TrainingDivergedError
-from recd.models import DLRM, ModelConfig, bce_loss, dlrm_config, rm1_config
+from recd.errors import ConfigError, RecoveryError, TrainingDivergedError
+from recd.models import DLRM, bce_loss
 from recd.optim import ModelAdam
 from recd.progress import progress_bar
-from recd.reader import ReaderConfig, ResumableLoader, build_plan
+from recd.reader import ResumableLoader
 from recd.reader.config import Shuffle
-from recd.schema import Catalogue, SparseKind
+from recd.recovery.failures import is_peer_failure
 from recd.tensors.batch import Batch
+from recd.train.build import build_model_config, parallelize, prepare_reader, resolve_device
 from recd.train.config import TrainConfig
-from recd.train.history import json_safe, run_history, write_loss_plot
+from recd.train.hooks import CheckpointHook, RecoveryHook, StepHook
 from recd.train.launch import DistContext
 from recd.train.metrics import (
     bce_from_logits,
@@ -81,142 +56,21 @@ from recd.train.metrics import (
     peak_rss_bytes,
     roc_auc,
 )
+from recd.train.results import (
+    METRICS_FILE,
+    EvalResult,
+    MetricsWindow,
+    MetricsWriter,
+    TrainResult,
+    write_outputs,
+)
 from recd.train.state import TrainState
 
-__all__ = [
-    "METRICS_FILE",
-    "PLOT_FILE",
-    "SUMMARY_FILE",
-    "EvalResult",
-    "StepHook",
-    "TrainResult",
-    "TrainState",
-    "Trainer",
-    "TrainingDivergedError",
-    "build_model_config",
-    "format_summary",
-    "prepare_reader",
-]
+__all__ = ["Trainer"]
 
 log = logging.getLogger(__name__)
 
-METRICS_FILE = "metrics.jsonl"
-PLOT_FILE = "loss.png"
-SUMMARY_FILE = "train.json"
 
-
-# ---------------------------------------------------------------------------- results
-@dataclass(kw_only=True, slots=True)
-class EvalResult:
-    """Metrics of the model on the held-out partitions at one step."""
-
-    step: int
-    """Optimizer steps completed when evaluated."""
-    loss: float
-    """Mean BCE (nats) over every held-out row (and label)."""
-    ne: float
-    """Normalized entropy: ``loss / H(base rate)`` (mean over labels); 1.0 = predicting the
-    base rate."""
-    auc: float
-    """ROC AUC (mean over labels); 0.5 = chance."""
-    rows: int
-    """Held-out rows evaluated."""
-    base_rate: float
-    """Mean label of those rows."""
-    seconds: float
-    """Wall time of the evaluation."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclass(kw_only=True, slots=True)
-class TrainResult:
-    """What a training run did, measured."""
-
-    first_step: int
-    """Steps already done when this run started (0 unless resumed)."""
-    steps: int
-    """Optimizer steps completed at the end."""
-    losses: list[float]
-    """Training loss of each step of this run (steps ``first_step + 1 .. steps``)."""
-    evals: list[EvalResult]
-    """Every evaluation, in step order."""
-    samples: int
-    """Training rows consumed by this run (all ranks)."""
-    train_s: float
-    """Wall time of the training steps (reading included, evaluation excluded)."""
-    wall_s: float
-    """Wall time of :meth:`Trainer.train` (everything)."""
-    peak_rss_bytes: int
-    """Peak resident memory of rank 0's process."""
-    peak_cuda_bytes: int | None
-    """``torch.cuda.max_memory_allocated`` of rank 0 (None on CPU)."""
-    world_size: int
-    """Trainer processes."""
-    run_dir: Path
-    """Where the files below were written (by rank 0)."""
-    stop_reason: str | None = None
-    """Why training stopped before ``train.steps`` (None: it did not)."""
-    already_done: bool = False
-    """A resumed run that was already at ``train.steps``: nothing trained, no output
-    rewritten."""
-    table_snapshot: int | None = None
-    """The Iceberg snapshot of the training table read (None: a Hive-layout table)."""
-
-    @property
-    def samples_per_s(self) -> float:
-        """Training throughput of the whole job (rows / training wall time)."""
-        return self.samples / self.train_s if self.train_s > 0 else math.nan
-
-    @property
-    def final_eval(self) -> EvalResult | None:
-        """The last evaluation, if any."""
-        return self.evals[-1] if self.evals else None
-
-    @property
-    def metrics_path(self) -> Path:
-        return self.run_dir / METRICS_FILE
-
-    @property
-    def plot_path(self) -> Path:
-        return self.run_dir / PLOT_FILE
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready summary (per-step losses are in ``metrics.jsonl`` / the plot)."""
-        first = self.losses[: min(10, len(self.losses))]
-        last = self.losses[-min(10, len(self.losses)) :]
-        return {
-            "first_step": self.first_step,
-            "steps": self.steps,
-            "loss_first10_mean": float(np.mean(first)) if first else None,
-            "loss_last10_mean": float(np.mean(last)) if last else None,
-            "evals": [e.to_dict() for e in self.evals],
-            "samples": self.samples,
-            "train_s": self.train_s,
-            "wall_s": self.wall_s,
-            "samples_per_s": self.samples_per_s,
-            "peak_rss_bytes": self.peak_rss_bytes,
-            "peak_cuda_bytes": self.peak_cuda_bytes,
-            "world_size": self.world_size,
-            "run_dir": str(self.run_dir),
-            "stop_reason": self.stop_reason,
-            "table_snapshot": self.table_snapshot,
-        }
-
-
-class StepHook(Protocol):
-    """Called after every optimizer step, at the step boundary (after logging and eval).
-
-    A hook may also define ``after_train(trainer)``, called once when the loop ends (on every
-    rank, at the same step), before the summary files are written.
-    """
-
-    def after_step(self, trainer: Trainer, step: int, loss: float) -> None:
-        """``step``: steps completed; ``loss``: that step's training loss (all ranks' mean)."""
-
-
-# ---------------------------------------------------------------------------- trainer
 class Trainer:
     """Builds the reader, the model and Adam from a :class:`TrainConfig`, then trains.
 
@@ -232,7 +86,7 @@ class Trainer:
         config: TrainConfig,
         *,
         dist: DistContext | None = None,
-        hooks: Sequence[StepHook] = (),
+        hooks: Sequence[StepHook[Trainer]] = (),
         show_progress: bool = True,
     ) -> None:
         self.config = config
@@ -242,16 +96,16 @@ class Trainer:
         self.is_main = self.rank == 0
         self.hooks = list(hooks)
         self.show_progress = show_progress and self.is_main
-        self.device = _resolve_device(config.train.device, dist)
+        self.device = resolve_device(config.train.device, dist)
         if config.train.num_threads is not None:
             torch.set_num_threads(config.train.num_threads)
         self.step = 0
         """Optimizer steps completed."""
         self._stop_reason: str | None = None
         self._batches: Iterator[Batch] | None = None
-        self.recovery: Any = None
+        self.recovery: RecoveryHook | None = None
         """Survivor recovery (:class:`recd.recovery.rejoin.SurvivorRecovery`), or None."""
-        self.checkpointer: Any = None
+        self.checkpointer: CheckpointHook[Trainer] | None = None
         """The run's :class:`recd.train.checkpointing.Checkpointer`, when it has one."""
         self.planned_total: int | None = None
         """The step this run trains to (set when :meth:`train` starts, or by a recovery)."""
@@ -292,9 +146,112 @@ class Trainer:
         self.model = DLRM(self.model_config, device=self.device)
         """The logical model; with several processes ``train_model`` (DMP) shards its tables
         in place."""
-        self.train_model, self.eval_model, self.optimizer = _parallelize(self.model, config, dist)
+        self.train_model, self.eval_model, self.optimizer = parallelize(self.model, config, dist)
 
-    # ------------------------------------------------------------------ one step
+    # ------------------------------------------------------------------ the loop
+    def train(self) -> TrainResult:
+        """Train from ``self.step`` to ``train.steps`` (see the module docstring)."""
+        cfg = self.config.train
+        began = time.perf_counter()
+        first_step = self.step
+        total = self._planned_steps() if self.planned_total is None else self.planned_total
+        self.planned_total = total
+        self.reader_offset = self.loader.position - self.step
+        run_dir = cfg.run_dir
+        if first_step > 0 and first_step >= cfg.steps:
+            log.info(
+                "already at step %d (train.steps = %d): nothing to train", first_step, cfg.steps
+            )
+            return TrainResult(
+                first_step=first_step,
+                steps=first_step,
+                losses=[],
+                evals=[],
+                samples=0,
+                train_s=0.0,
+                wall_s=time.perf_counter() - began,
+                peak_rss_bytes=peak_rss_bytes(),
+                peak_cuda_bytes=peak_cuda_bytes(self.device),
+                world_size=self.world_size,
+                run_dir=run_dir,
+                already_done=True,
+                table_snapshot=self.table_snapshot,
+            )
+        writer = MetricsWriter(run_dir / METRICS_FILE, fresh=first_step == 0, enabled=self.is_main)
+        if self.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        losses: list[float] = []
+        evals: list[EvalResult] = []
+        samples = 0
+        train_s = 0.0
+        window = MetricsWindow()
+        self._batches = iter(self.loader)
+        bar = (
+            progress_bar(desc="train", total=total, unit="step")
+            if self.show_progress
+            else tqdm(disable=True)
+        )
+        with bar:
+            bar.update(first_step)
+            while self.step < total and self._stop_reason is None:
+                t0, cpu0 = time.perf_counter(), time.process_time()
+                try:
+                    batch = next(self._batches).to(self.device)
+                    loss, rows = self.train_step(batch)
+                except Exception as error:
+                    if self.recovery is None or not is_peer_failure(error):
+                        raise
+                    self._survive(error)  # back at an agreed step, in a new process group
+                    total = self.planned_total
+                    bar.n = self.step
+                    continue
+                if not (math.isfinite(loss) or cfg.accept_nonfinite):
+                    raise self._diverged(self.step + 1, loss)  # the same on every rank
+                dt, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+                self.step += 1
+                if self.recovery is not None:
+                    self.recovery.after_step(self.step)
+                losses.append(loss)
+                samples += rows
+                train_s += dt
+                window.add(loss, rows, dt, cpu)
+                bar.update(1)
+                if self.step % cfg.log_every == 0 or self.step == total:
+                    record = self._log_record(window)
+                    writer.write(record)
+                    bar.set_postfix(
+                        loss=f"{record['loss']:.4f}", sps=f"{record['samples_per_s']:.0f}"
+                    )
+                    window = MetricsWindow()
+                if self._eval_due(total):
+                    evals.append(self._evaluate_and_record(writer))
+                for hook in self.hooks:
+                    hook.after_step(self, self.step, loss)
+        if self.step < cfg.steps and self._stop_reason is None:
+            self._stop_reason = f"the reader ran out of batches after step {self.step}"
+        for hook in self.hooks:
+            after_train = getattr(hook, "after_train", None)  # optional (final checkpoint)
+            if after_train is not None:
+                after_train(self)
+        result = TrainResult(
+            first_step=first_step,
+            steps=self.step,
+            losses=losses,
+            evals=evals,
+            samples=samples,
+            train_s=train_s,
+            wall_s=time.perf_counter() - began,
+            peak_rss_bytes=peak_rss_bytes(),
+            peak_cuda_bytes=peak_cuda_bytes(self.device),
+            world_size=self.world_size,
+            run_dir=run_dir,
+            stop_reason=self._stop_reason,
+            table_snapshot=self.table_snapshot,
+        )
+        if self.is_main:
+            write_outputs(self.config, result)
+        return result
+
     def train_step(self, batch: Batch) -> tuple[float, int]:
         """Forward, backward and Adam on one batch; returns (loss, rows) over all ranks."""
         self.train_model.train()
@@ -350,6 +307,73 @@ class Trainer:
             seconds=time.perf_counter() - began,
         )
 
+    def request_stop(self, reason: str) -> None:
+        """Stop after the step in flight (called by hooks, e.g. on SIGTERM)."""
+        self._stop_reason = reason
+
+    def close(self) -> None:
+        """Stop the reader's worker processes and release the optimizer's hooks."""
+        close = getattr(self._batches, "close", None)  # a generator: closing it ends workers
+        if close is not None:
+            close()
+        self._batches = None
+        close_optimizer = getattr(self.optimizer, "close", None)  # ShardedAdam's hooks
+        if close_optimizer is not None:
+            close_optimizer()
+
+    # ------------------------------------------------------------------ helpers of the loop
+    def _planned_steps(self) -> int:
+        """``train.steps``, or fewer if some rank's reader has fewer batches left."""
+        left = self.loader.batches_left  # a finished reader trains no more (no new pass)
+        if self.dist is not None:
+            import torch.distributed as tdist
+
+            t = torch.tensor([left], dtype=torch.int64, device=self.device)
+            tdist.all_reduce(t, op=tdist.ReduceOp.MIN)
+            left = int(t.item())
+        planned = min(self.config.train.steps, self.step + left)
+        if planned < self.config.train.steps:
+            log.warning(
+                "train.steps = %d but the reader has %d batches left (per rank) after step %d: "
+                "training stops at step %d (raise reader.num_epochs for more)",
+                self.config.train.steps,
+                left,
+                self.step,
+                planned,
+            )
+        return planned
+
+    def _eval_due(self, total: int) -> bool:
+        if self.eval_loader is None:
+            return False
+        every = self.config.train.eval_every
+        return self.step == total or (every > 0 and self.step % every == 0)
+
+    def _evaluate_and_record(self, writer: MetricsWriter) -> EvalResult:
+        result = self.evaluate()
+        writer.write({"kind": "eval", **result.to_dict()})
+        log.info(
+            "step %d: held-out loss %.4f NE %.4f AUC %.4f (%d rows)",
+            *(self.step, result.loss, result.ne, result.auc, result.rows),
+        )
+        return result
+
+    def _log_record(self, window: MetricsWindow) -> dict[str, Any]:
+        record: dict[str, Any] = {
+            "kind": "train",
+            "step": self.step,
+            "loss": window.mean_loss,
+            "loss_last": window.last_loss,
+            "samples_per_s": window.samples_per_s,
+            "samples_per_cpu_s": window.samples_per_cpu_s,
+            "peak_rss_bytes": peak_rss_bytes(),
+        }
+        cuda = peak_cuda_bytes(self.device)
+        if cuda is not None:
+            record["peak_cuda_bytes"] = cuda
+        return record
+
+    # ------------------------------------------------------------------ non-finite values
     def _check_finite_predictions(self, logits: np.ndarray) -> bool:
         """Whether the held-out ``logits`` (N x T) are all finite; when not, raise
         :class:`TrainingDivergedError` (or warn, with ``train.accept_nonfinite``)."""
@@ -426,230 +450,7 @@ class Trainer:
             )
         return f"no checkpoint was written in {run_dir}{failed}: start again with {lower}"
 
-    # ------------------------------------------------------------------ the loop
-    def train(self) -> TrainResult:
-        """Train from ``self.step`` to ``train.steps`` (see the module docstring)."""
-        cfg = self.config.train
-        began = time.perf_counter()
-        first_step = self.step
-        total = self._planned_steps() if self.planned_total is None else self.planned_total
-        self.planned_total = total
-        self.reader_offset = self.loader.position - self.step
-        run_dir = cfg.run_dir
-        if first_step > 0 and first_step >= cfg.steps:
-            log.info(
-                "already at step %d (train.steps = %d): nothing to train", first_step, cfg.steps
-            )
-            return TrainResult(
-                first_step=first_step,
-                steps=first_step,
-                losses=[],
-                evals=[],
-                samples=0,
-                train_s=0.0,
-                wall_s=time.perf_counter() - began,
-                peak_rss_bytes=peak_rss_bytes(),
-                peak_cuda_bytes=peak_cuda_bytes(self.device),
-                world_size=self.world_size,
-                run_dir=run_dir,
-                already_done=True,
-                table_snapshot=self.table_snapshot,
-            )
-        writer = _MetricsWriter(run_dir / METRICS_FILE, fresh=first_step == 0, enabled=self.is_main)
-        if self.is_main:
-            run_dir.mkdir(parents=True, exist_ok=True)
-        losses: list[float] = []
-        evals: list[EvalResult] = []
-        samples = 0
-        train_s = 0.0
-        window = _Window()
-        self._batches = iter(self.loader)
-        bar = (
-            progress_bar(desc="train", total=total, unit="step")
-            if self.show_progress
-            else tqdm(disable=True)
-        )
-        with bar:
-            bar.update(first_step)
-            while self.step < total and self._stop_reason is None:
-                t0, cpu0 = time.perf_counter(), time.process_time()
-                try:
-                    batch = next(self._batches).to(self.device)
-                    loss, rows = self.train_step(batch)
-                except Exception as error:
-                    if self.recovery is None or not _peer_failure(error):
-                        raise
-                    self._survive(error)  # back at an agreed step, in a new process group
-                    total = self.planned_total
-                    bar.n = self.step
-                    continue
-                if not (math.isfinite(loss) or cfg.accept_nonfinite):
-                    raise self._diverged(self.step + 1, loss)  # the same on every rank
-                dt, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-                self.step += 1
-                if self.recovery is not None:
-                    self.recovery.after_step(self.step)
-                losses.append(loss)
-                samples += rows
-                train_s += dt
-                window.add(loss, rows, dt, cpu)
-                bar.update(1)
-                if self.step % cfg.log_every == 0 or self.step == total:
-                    record = self._log_record(window)
-                    writer.write(record)
-                    bar.set_postfix(
-                        loss=f"{record['loss']:.4f}", sps=f"{record['samples_per_s']:.0f}"
-                    )
-                    window = _Window()
-                if self._eval_due(total):
-                    evals.append(self._evaluate_and_record(writer))
-                for hook in self.hooks:
-                    hook.after_step(self, self.step, loss)
-        if self.step < cfg.steps and self._stop_reason is None:
-            self._stop_reason = f"the reader ran out of batches after step {self.step}"
-        for hook in self.hooks:
-            after_train = getattr(hook, "after_train", None)  # optional (final checkpoint)
-            if after_train is not None:
-                after_train(self)
-        result = TrainResult(
-            first_step=first_step,
-            steps=self.step,
-            losses=losses,
-            evals=evals,
-            samples=samples,
-            train_s=train_s,
-            wall_s=time.perf_counter() - began,
-            peak_rss_bytes=peak_rss_bytes(),
-            peak_cuda_bytes=peak_cuda_bytes(self.device),
-            world_size=self.world_size,
-            run_dir=run_dir,
-            stop_reason=self._stop_reason,
-            table_snapshot=self.table_snapshot,
-        )
-        if self.is_main:
-            self._write_outputs(result)
-        return result
-
-    # ------------------------------------------------------------------ survivor recovery
-    def _survive(self, error: BaseException) -> None:
-        """A peer died during the step: survivor recovery (:mod:`recd.recovery.rejoin`)."""
-        from recd.errors import RecoveryError
-
-        detected = time.time()
-        log.warning(
-            "rank %d: step %d failed (%s): survivor recovery",
-            self.rank,
-            self.step + 1,
-            str(error).splitlines()[0][:200],
-        )
-        try:
-            plan = self.recovery.survive(error, detected_at=detected)
-        except Exception as exc:
-            raise RecoveryError(
-                f"rank {self.rank}: survivor recovery after step {self.step} failed ({exc}); "
-                "the launcher restarts the job from the newest checkpoint"
-            ) from exc
-        self.step = plan.agreed_step
-        self.planned_total = plan.total
-        log.warning(
-            "rank %d: recovered at step %d (generation %d)", self.rank, self.step, plan.generation
-        )
-
-    def newest_checkpoint_step(self) -> int | None:
-        """The step of the newest valid checkpoint on disk (None: none; a checkpoint whose
-        write a dead rank never committed is not one)."""
-        if self.checkpointer is None:
-            return None
-        from recd.checkpoint import newest_valid_checkpoint
-        from recd.checkpoint.format import read_header
-
-        path = newest_valid_checkpoint(self.config.checkpoint_dir, self.checkpointer.layout)
-        return None if path is None else read_header(path)[0]
-
-    def leave_group(self) -> None:
-        """Leave the (broken) process group; the sharded model goes with it."""
-        import torch.distributed as tdist
-
-        close = getattr(self._batches, "close", None)
-        if close is not None:
-            close()
-        self._batches = None
-        self.optimizer.close()
-        if tdist.is_initialized():
-            try:
-                tdist.destroy_process_group()
-            except Exception as exc:  # a broken group may refuse a clean shutdown
-                log.info("leaving the broken process group: %s", exc)
-
-    def join_group(self, store: Any) -> None:
-        """Join the next generation's process group (same rank and world size)."""
-        import datetime
-
-        import torch.distributed as tdist
-
-        assert self.dist is not None
-        tdist.init_process_group(
-            backend=self.dist.backend,
-            store=store,
-            rank=self.rank,
-            world_size=self.world_size,
-            timeout=datetime.timedelta(seconds=120),
-        )
-
-    def rebuild_parallel(self) -> None:
-        """Build the sharded model and its optimizer again in the new process group, with
-        the same collectives as a new rank's :meth:`__init__` (the snapshot broadcast, DMP).
-        The weights are placeholders until the caller loads the state."""
-        import torch.distributed as tdist
-        from torchrec.distributed import collective_utils
-
-        agreed: list[int | None] = [self.table_snapshot]
-        tdist.broadcast_object_list(agreed, src=0)
-        # DMP broadcasts a flag on its first construction in a process and caches it: take
-        # part in that broadcast again, with the new rank
-        collective_utils._INITIALIZED = False
-        torch.manual_seed(self.config.train.seed)
-        self.model = DLRM(self.model_config, device=self.device)
-        self.train_model, self.eval_model, self.optimizer = _parallelize(
-            self.model, self.config, self.dist
-        )
-
-    def rejoin_hooks(self) -> None:
-        """The checkpointer's part of a rejoin (its process group, its agreement)."""
-        if self.checkpointer is not None:
-            self.checkpointer.rejoin(self)
-
-    def restart_reader(self, step: int) -> None:
-        """Continue reading at the batch of step ``step + 1``."""
-        self.loader.seek(step + self.reader_offset)
-        self._batches = iter(self.loader)
-
-    def rows_touched(
-        self, first: int, last: int, offset: int, shard_rows: dict[str, list[int]]
-    ) -> dict[str, list[int]]:
-        """Rows of each table block in ``shard_rows`` (name -> [start, end)) that the global
-        batches of steps ``first .. last`` looked up (every rank's batches, read again)."""
-        out: dict[str, set[int]] = {name: set() for name in shard_rows}
-        if last < first:
-            return {name: [] for name in shard_rows}
-        for rank in range(self.world_size):
-            _, config = prepare_reader(self.config, rank, self.world_size)
-            config = dataclasses.replace(config, snapshot=self.table_snapshot)
-            loader = ResumableLoader(config)
-            loader.seek(first - 1 + offset)
-            for batch in itertools.islice(iter(loader), last - first + 1):
-                for name, rows in self.model.touched_rows(batch.sparse).items():
-                    if name in shard_rows:
-                        lo, hi = shard_rows[name]
-                        ids = rows[(rows >= lo) & (rows < hi)]
-                        out[name].update(int(i) for i in ids.tolist())
-        return {name: sorted(rows) for name, rows in out.items()}
-
-    def request_stop(self, reason: str) -> None:
-        """Stop after the step in flight (called by hooks, e.g. on SIGTERM)."""
-        self._stop_reason = reason
-
-    # ------------------------------------------------------------------ state
+    # ------------------------------------------------------------------ state (checkpoints)
     def capture_state(self) -> TrainState:
         """A copy of the resumable state at the current step boundary.
 
@@ -742,298 +543,117 @@ class Trainer:
             loader.load_state_dict(self._eval_start)
         return batch.to(self.device)
 
-    def close(self) -> None:
-        """Stop the reader's worker processes and release the optimizer's hooks."""
-        close = getattr(self._batches, "close", None)  # a generator: closing it ends workers
+    # ------------------------------------------------------------------ survivor recovery
+    def _survive(self, error: BaseException) -> None:
+        """A peer died during the step: survivor recovery (:mod:`recd.recovery.rejoin`; it
+        sees this trainer as a :class:`recd.train.hooks.TrainerView`)."""
+        assert self.recovery is not None
+        detected = time.time()
+        log.warning(
+            "rank %d: step %d failed (%s): survivor recovery",
+            self.rank,
+            self.step + 1,
+            str(error).splitlines()[0][:200],
+        )
+        try:
+            plan = self.recovery.survive(error, detected_at=detected)
+        except Exception as exc:
+            raise RecoveryError(
+                f"rank {self.rank}: survivor recovery after step {self.step} failed ({exc}); "
+                "the launcher restarts the job from the newest checkpoint"
+            ) from exc
+        self.step = plan.agreed_step
+        self.planned_total = plan.total
+        log.warning(
+            "rank %d: recovered at step %d (generation %d)", self.rank, self.step, plan.generation
+        )
+
+    def newest_checkpoint_step(self) -> int | None:
+        """The step of the newest valid checkpoint on disk (None: none; a checkpoint whose
+        write a dead rank never committed is not one)."""
+        if self.checkpointer is None:
+            return None
+        from recd.checkpoint import newest_valid_checkpoint
+        from recd.checkpoint.format import read_header
+
+        path = newest_valid_checkpoint(self.config.checkpoint_dir, self.checkpointer.layout)
+        return None if path is None else read_header(path)[0]
+
+    def leave_group(self) -> None:
+        """Leave the (broken) process group; the sharded model goes with it."""
+        import torch.distributed as tdist
+
+        close = getattr(self._batches, "close", None)
         if close is not None:
             close()
         self._batches = None
-        close_optimizer = getattr(self.optimizer, "close", None)  # ShardedAdam's hooks
-        if close_optimizer is not None:
-            close_optimizer()
+        self.optimizer.close()
+        if tdist.is_initialized():
+            try:
+                tdist.destroy_process_group()
+            except Exception as exc:  # a broken group may refuse a clean shutdown
+                log.info("leaving the broken process group: %s", exc)
 
-    # ------------------------------------------------------------------ helpers
-    def _planned_steps(self) -> int:
-        """``train.steps``, or fewer if some rank's reader has fewer batches left."""
-        left = self.loader.batches_left  # a finished reader trains no more (no new pass)
-        if self.dist is not None:
-            import torch.distributed as tdist
+    def join_group(self, store: Any) -> None:
+        """Join the next generation's process group (same rank and world size)."""
+        import datetime
 
-            t = torch.tensor([left], dtype=torch.int64, device=self.device)
-            tdist.all_reduce(t, op=tdist.ReduceOp.MIN)
-            left = int(t.item())
-        planned = min(self.config.train.steps, self.step + left)
-        if planned < self.config.train.steps:
-            log.warning(
-                "train.steps = %d but the reader has %d batches left (per rank) after step %d: "
-                "training stops at step %d (raise reader.num_epochs for more)",
-                self.config.train.steps,
-                left,
-                self.step,
-                planned,
-            )
-        return planned
+        import torch.distributed as tdist
 
-    def _evaluate_and_record(self, writer: _MetricsWriter) -> EvalResult:
-        result = self.evaluate()
-        writer.write({"kind": "eval", **result.to_dict()})
-        log.info(
-            "step %d: held-out loss %.4f NE %.4f AUC %.4f (%d rows)",
-            *(self.step, result.loss, result.ne, result.auc, result.rows),
+        assert self.dist is not None
+        tdist.init_process_group(
+            backend=self.dist.backend,
+            store=store,
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=datetime.timedelta(seconds=120),
         )
-        return result
 
-    def _eval_due(self, total: int) -> bool:
-        if self.eval_loader is None:
-            return False
-        every = self.config.train.eval_every
-        return self.step == total or (every > 0 and self.step % every == 0)
+    def rebuild_parallel(self) -> None:
+        """Build the sharded model and its optimizer again in the new process group, with
+        the same collectives as a new rank's :meth:`__init__` (the snapshot broadcast, DMP).
+        The weights are placeholders until the caller loads the state."""
+        import torch.distributed as tdist
+        from torchrec.distributed import collective_utils
 
-    def _log_record(self, window: _Window) -> dict[str, Any]:
-        record: dict[str, Any] = {
-            "kind": "train",
-            "step": self.step,
-            "loss": window.mean_loss,
-            "loss_last": window.last_loss,
-            "samples_per_s": window.samples_per_s,
-            "samples_per_cpu_s": window.samples_per_cpu_s,
-            "peak_rss_bytes": peak_rss_bytes(),
-        }
-        cuda = peak_cuda_bytes(self.device)
-        if cuda is not None:
-            record["peak_cuda_bytes"] = cuda
-        return record
-
-    def _write_outputs(self, result: TrainResult) -> None:
-        """``train.json`` (the config, this segment's ``result`` and the whole run's
-        history as ``run``) and ``loss.png`` (the whole run): :mod:`recd.train.history`."""
-        checkpoints = self.config.checkpoint.enabled
-        history = run_history(
-            loss_dir=self.config.checkpoint_dir if checkpoints else None,
-            metrics_path=result.metrics_path,
-            first_step=result.first_step,
-            losses=result.losses,
-            evals=[e.to_dict() for e in result.evals],
+        agreed: list[int | None] = [self.table_snapshot]
+        tdist.broadcast_object_list(agreed, src=0)
+        # DMP broadcasts a flag on its first construction in a process and caches it: take
+        # part in that broadcast again, with the new rank
+        collective_utils._INITIALIZED = False
+        torch.manual_seed(self.config.train.seed)
+        self.model = DLRM(self.model_config, device=self.device)
+        self.train_model, self.eval_model, self.optimizer = parallelize(
+            self.model, self.config, self.dist
         )
-        summary = {
-            "config": json.loads(json.dumps(self.config.to_dict(), default=str)),
-            "result": result.to_dict(),
-            "run": history.summary(),
-        }
-        write_json_atomic(result.run_dir / SUMMARY_FILE, json_safe(summary))
-        if self.config.train.plot:
-            title = f"steps 1-{result.steps}"
-            if result.steps > result.first_step:
-                title += f", {result.samples_per_s:,.0f} samples/s"
-                if result.first_step:
-                    title += f" (steps {result.first_step + 1}-{result.steps})"
-            final = history.evals[-1] if history.evals else None
-            if final is not None and final.get("ne") is not None and final.get("auc") is not None:
-                title += f", held-out NE {final['ne']:.3f}, AUC {final['auc']:.3f}"
-            write_loss_plot(history, result.run_dir / PLOT_FILE, title=title)
 
+    def rejoin_hooks(self) -> None:
+        """The checkpointer's part of a rejoin (its process group, its agreement)."""
+        if self.checkpointer is not None:
+            self.checkpointer.rejoin(self)
 
-@dataclass(slots=True)
-class _Window:
-    """Losses, rows and seconds since the last log line (wall, and CPU of this process:
-    the batch's reading when the reader runs in-process, and the step)."""
+    def restart_reader(self, step: int) -> None:
+        """Continue reading at the batch of step ``step + 1``."""
+        self.loader.seek(step + self.reader_offset)
+        self._batches = iter(self.loader)
 
-    losses: list[float] = field(default_factory=list)
-    rows: int = 0
-    seconds: float = 0.0
-    cpu_seconds: float = 0.0
-
-    def add(self, loss: float, rows: int, seconds: float, cpu_seconds: float) -> None:
-        self.losses.append(loss)
-        self.rows += rows
-        self.seconds += seconds
-        self.cpu_seconds += cpu_seconds
-
-    @property
-    def mean_loss(self) -> float:
-        return float(np.mean(self.losses)) if self.losses else math.nan
-
-    @property
-    def last_loss(self) -> float:
-        return self.losses[-1] if self.losses else math.nan
-
-    @property
-    def samples_per_s(self) -> float:
-        return self.rows / self.seconds if self.seconds > 0 else math.nan
-
-    @property
-    def samples_per_cpu_s(self) -> float:
-        return self.rows / self.cpu_seconds if self.cpu_seconds > 0 else math.nan
-
-
-class _MetricsWriter:
-    """``metrics.jsonl``: one JSON object per line, flushed per line (rank 0 only)."""
-
-    def __init__(self, path: Path, *, fresh: bool, enabled: bool) -> None:
-        self.path = path
-        self.enabled = enabled
-        if enabled:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if fresh:
-                path.write_text("")
-
-    def write(self, record: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        with self.path.open("a") as f:
-            f.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
-
-
-# ---------------------------------------------------------------------------- building
-def _peer_failure(error: BaseException) -> bool:
-    from recd.recovery.rejoin import is_peer_failure
-
-    return is_peer_failure(error)
-
-
-def _resolve_device(name: str, dist: DistContext | None) -> torch.device:
-    if dist is not None:
-        return dist.device
-    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise ConfigError("train.device: cuda, but no CUDA device is available")
-        return torch.device("cuda", 0)
-    return torch.device("cpu")
-
-
-def prepare_reader(
-    config: TrainConfig, rank: int, world_size: int
-) -> tuple[Catalogue, ReaderConfig]:
-    """The table's catalogue (restricted to the read columns) and this rank's reader config:
-    rank / world_size set, ``hash_modulo`` added for features larger than ``max_rows``."""
-    reader = dataclasses.replace(config.reader, rank=rank, world_size=world_size)
-    if world_size > 1 and not reader.drop_last:
-        # Sharded lookups exchange equal local batches (row-wise all-gathers fail on a short
-        # final batch under gloo): every rank trains on full batches only.
-        log.info("reader.drop_last: set for %d ranks (equal local batch sizes)", world_size)
-        reader = dataclasses.replace(reader, drop_last=True)
-    plan = build_plan(reader)
-    assert plan.catalogue is not None  # read from the table, or measured (recd.reader.infer)
-    catalogue = dataclasses.replace(
-        plan.catalogue,
-        labels=list(plan.labels),
-        dense=[plan.catalogue.dense[plan.catalogue.dense_names.index(n)] for n in plan.dense],
-        sparse=[plan.catalogue.sparse_feature(n) for n in plan.sparse],
-    )
-    max_rows = config.model.max_rows
-    hashed: dict[str, int] = {}
-    for spec in reader.preprocessing:
-        if spec["kind"] == "hash_modulo":
-            hashed.update({f: int(spec["modulo"]) for f in spec["features"]})
-    for name, modulo in hashed.items():
-        cardinality = catalogue.sparse_feature(name).cardinality
-        if cardinality > max_rows and modulo > max_rows:
-            raise ConfigError(
-                f"reader.preprocessing: hash_modulo of {name!r} by {modulo} leaves ids up to "
-                f"{modulo - 1}, but its table has model.max_rows = {max_rows} rows"
-            )
-    too_big = [
-        f.name for f in catalogue.sparse if f.cardinality > max_rows and f.name not in hashed
-    ]
-    if plan.catalogue_inferred:
-        # A table from another tool: its cardinalities were measured on the files read, and
-        # held-out rows (another window, or [eval] table) may hold larger ids. Every table
-        # takes ids modulo its rows, so an id never seen in training shares a row instead of
-        # failing the lookup.
-        for f in catalogue.sparse:
-            if f.name not in hashed and f.name not in too_big:
-                spec = {"kind": "hash_modulo", "features": [f.name], "modulo": f.cardinality}
-                reader = dataclasses.replace(reader, preprocessing=[*reader.preprocessing, spec])
-    if too_big and config.model.hash_ids:
-        spec = {"kind": "hash_modulo", "features": too_big, "modulo": max_rows}
-        reader = dataclasses.replace(reader, preprocessing=[*reader.preprocessing, spec])
-    elif too_big:
-        raise ConfigError(
-            f"model.max_rows = {max_rows} is below the cardinality of {too_big}: set "
-            "model.hash_ids = true or hash them in reader.preprocessing"
-        )
-    return catalogue, reader
-
-
-def model_config_of(config: TrainConfig) -> ModelConfig:
-    """The model ``config`` builds (reads the table's catalogue; no weights are made)."""
-    catalogue, _ = prepare_reader(config, 0, 1)
-    return build_model_config(config, catalogue)
-
-
-def build_model_config(config: TrainConfig, catalogue: Catalogue) -> ModelConfig:
-    """The :class:`models.ModelConfig` of ``[model]`` for the table's catalogue."""
-    m = config.model
-    common: dict[str, Any] = {
-        "embedding_dim": m.embedding_dim,
-        "max_rows": m.max_rows,
-        "bottom_mlp": m.bottom_mlp,
-        "top_mlp": m.top_mlp,
-        "dedup": m.dedup,
-    }
-    if m.top_mlp is not None and m.top_mlp[-1] != len(catalogue.labels):
-        raise ConfigError(
-            f"model.top_mlp: the last size {m.top_mlp[-1]} must equal the number of labels "
-            f"({len(catalogue.labels)}: {catalogue.labels})"
-        )
-    if m.kind == "dlrm":
-        return dlrm_config(catalogue, **common)
-    longest = max(
-        (f.max_length for f in catalogue.sparse if f.kind is SparseKind.HISTORY), default=1
-    )
-    return rm1_config(
-        catalogue, sequence=m.sequence.to_sequence_config(longest_history=longest), **common
-    )
-
-
-def _parallelize(
-    model: DLRM, config: TrainConfig, dist: DistContext | None
-) -> tuple[nn.Module, nn.Module, Any]:
-    """(model to train, model to evaluate, optimizer) for one process or several.
-
-    One process: the DLRM and :class:`recd.optim.ModelAdam`. Several: torchrec's DMP shards
-    the tables by ``train.sharding`` (DDP for the rest) and :class:`ShardedAdam` updates them
-    (:mod:`recd.train.sharding`). Both optimizers have ``zero_grad``, ``step``, ``step_count``
-    and ``load_state(FlatState)``.
-    """
-    adam = config.optim.to_adam()
-    if dist is None:
-        return model, model, ModelAdam.for_model(model, adam)
-    from recd.train.sharding import ShardedAdam, shard_model
-
-    sharded = shard_model(model, plan=config.train.sharding, device=dist.device, adam=adam)
-    return sharded, sharded, ShardedAdam(sharded, adam)
-
-
-# ---------------------------------------------------------------------------- outputs
-def format_summary(result: TrainResult) -> str:
-    """A few lines for the terminal."""
-    if result.already_done:
-        return (
-            f"already at step {result.steps}: nothing to train (raise train.steps to train "
-            f"further); outputs unchanged: {result.run_dir / SUMMARY_FILE}"
-        )
-    lines = [
-        f"trained {result.steps - result.first_step} steps ({result.samples:,} samples, "
-        f"{result.world_size} process{'es' if result.world_size > 1 else ''}): "
-        f"{result.samples_per_s:,.0f} samples/s, peak RSS {result.peak_rss_bytes / 2**20:,.0f} MiB"
-        + (
-            f", peak CUDA {result.peak_cuda_bytes / 2**20:,.0f} MiB"
-            if result.peak_cuda_bytes is not None
-            else ""
-        ),
-    ]
-    if result.losses:
-        head = float(np.mean(result.losses[:10]))
-        tail = float(np.mean(result.losses[-10:]))
-        lines.append(f"train loss {head:.4f} (first 10 steps) -> {tail:.4f} (last 10)")
-    if result.final_eval is not None:
-        e = result.final_eval
-        lines.append(
-            f"held-out ({e.rows:,} rows, base rate {e.base_rate:.3f}): loss {e.loss:.4f}, "
-            f"NE {e.ne:.4f}, AUC {e.auc:.4f}"
-        )
-    if result.stop_reason:
-        lines.append(f"stopped early: {result.stop_reason}")
-    lines.append(f"metrics: {result.metrics_path}  plot: {result.plot_path}")
-    return "\n".join(lines)
+    def rows_touched(
+        self, first: int, last: int, offset: int, shard_rows: dict[str, list[int]]
+    ) -> dict[str, list[int]]:
+        """Rows of each table block in ``shard_rows`` (name -> [start, end)) that the global
+        batches of steps ``first .. last`` looked up (every rank's batches, read again)."""
+        out: dict[str, set[int]] = {name: set() for name in shard_rows}
+        if last < first:
+            return {name: [] for name in shard_rows}
+        for rank in range(self.world_size):
+            _, config = prepare_reader(self.config, rank, self.world_size)
+            config = dataclasses.replace(config, snapshot=self.table_snapshot)
+            loader = ResumableLoader(config)
+            loader.seek(first - 1 + offset)
+            for batch in itertools.islice(iter(loader), last - first + 1):
+                for name, rows in self.model.touched_rows(batch.sparse).items():
+                    if name in shard_rows:
+                        lo, hi = shard_rows[name]
+                        ids = rows[(rows >= lo) & (rows < hi)]
+                        out[name].update(int(i) for i in ids.tolist())
+        return {name: sorted(rows) for name, rows in out.items()}

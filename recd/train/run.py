@@ -17,22 +17,19 @@ from pathlib import Path
 
 from recd.checkpoint.lock import lock_run_directory
 from recd.errors import ConfigError
-from recd.recovery.rejoin import (
-    KILL_ENV,
-    ROLE_ENV,
-    FirstStepNotice,
-    SurvivorRecovery,
-    recovery_mode,
-)
+from recd.recovery.env import KILL_ENV, ROLE_ENV
+from recd.recovery.rejoin import FirstStepNotice, SurvivorRecovery, recovery_mode
 from recd.train.checkpointing import Checkpointer
 from recd.train.config import TrainConfig, load_train_config
+from recd.train.hooks import StepHook
 from recd.train.launch import (
     DistContext,
     destroy_distributed,
     in_torchrun,
     init_distributed,
 )
-from recd.train.loop import StepHook, Trainer, TrainResult
+from recd.train.loop import Trainer
+from recd.train.results import TrainResult
 from recd.train.signals import SignalFlags
 
 __all__ = ["owning_run_directory", "run_training", "train_from_pipeline"]
@@ -41,7 +38,7 @@ __all__ = ["owning_run_directory", "run_training", "train_from_pipeline"]
 def run_training(
     config: TrainConfig,
     *,
-    hooks: Sequence[StepHook] = (),
+    hooks: Sequence[StepHook[Trainer]] = (),
     show_progress: bool = True,
     resume: bool = False,
 ) -> TrainResult:

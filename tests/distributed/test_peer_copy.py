@@ -1,6 +1,6 @@
 """Peer copies of the table shards (``recd.recovery.peer_copy``) on a ring of 3 gloo ranks.
 
-Each rank trains the survivor job's DLRM sharded row-wise and sends the rows each update
+Each rank trains a small synthetic DLRM (``tests.distributed.synthetic``) sharded row-wise and sends the rows each update
 touched to the rank after it. After every committed step, each rank's copy equals its ward's
 live shards bit for bit (the ward's own weights, m and v, gathered for the check); rows of a
 step that is not committed are dropped; a copy sent to another rank loads there as its own
@@ -9,7 +9,6 @@ shards.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,10 +30,10 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
     from recd.models.dlrm import bce_loss
     from recd.optim import AdamConfig
     from recd.recovery.peer_copy import PeerCopy
-    from recd.recovery.survivor import SurvivorJob, make_batch, model_config_of
     from recd.train.sharding import build_sharded_training
+    from tests.distributed.synthetic import SyntheticJob, make_batch, model_config_of
 
-    job = SurvivorJob(run_dir=Path("."), world_size=world_size, rows=300, batch_size=48)
+    job = SyntheticJob(world_size=world_size, rows=300, batch_size=48)
     dmp, opt = build_sharded_training(
         model_config_of(job), AdamConfig(lr=job.lr), plan="row_wise", seed=0
     )

@@ -1,7 +1,7 @@
 """``ShardedAdam.step(capture=True)``: the same update as ``step()``, taken back bit-exactly.
 
-Both undo methods (``inverse``, ``copy``). Two real gloo processes train the survivor job's DLRM (``recd.recovery.survivor``) sharded
-row-wise, and one table kept data-parallel (its rows are all-gathered inside the step). Each
+Both undo methods (``inverse``, ``copy``). Two real gloo processes train a small synthetic DLRM
+(``tests.distributed.synthetic``) sharded row-wise, and one table kept data-parallel (its rows are all-gathered inside the step). Each
 step: forward + backward, a captured step, its undo (every local weight, m, v and both step
 counters bitwise back), the same forward + backward again and an uncaptured step, whose state
 must equal the captured step's bit for bit. A captured step that fails part-way (after the
@@ -10,7 +10,6 @@ dense layers and one table shard were updated) is rolled back before the error p
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,7 +38,7 @@ def _same(a: list[Any], b: list[Any]) -> bool:
 
 def _train(opt: Any, dmp: Any, job: Any, step: int, rank: int) -> None:
     from recd.models.dlrm import bce_loss
-    from recd.recovery.survivor import make_batch
+    from tests.distributed.synthetic import make_batch
 
     dense, kjt, labels = make_batch(job, step, rank)
     dmp.train()
@@ -49,18 +48,18 @@ def _train(opt: Any, dmp: Any, job: Any, step: int, rank: int) -> None:
 
 def _build(job: Any) -> tuple[Any, Any]:
     from recd.optim import AdamConfig
-    from recd.recovery.survivor import model_config_of
     from recd.train.sharding import build_sharded_training
+    from tests.distributed.synthetic import model_config_of
 
     plan = {f"t{i}": "row_wise" for i in range(job.tables)} | {"t0": "data_parallel"}
     return build_sharded_training(model_config_of(job), AdamConfig(lr=job.lr), plan=plan, seed=0)
 
 
 def _worker(rank: int, world_size: int, method: str) -> dict[str, Any]:
-    from recd.recovery.survivor import SurvivorJob
     from recd.recovery.undo import StepCapture
+    from tests.distributed.synthetic import SyntheticJob
 
-    job = SurvivorJob(run_dir=Path("."), world_size=world_size, rows=200, batch_size=64)
+    job = SyntheticJob(world_size=world_size, rows=200, batch_size=64)
     dmp, opt = _build(job)
     report: dict[str, Any] = {"undo_exact": [], "same_as_plain": [], "entries": []}
     for step in range(1, STEPS + 1):

@@ -173,7 +173,7 @@ def random_state(layout_n: int, seed: int) -> FlatState:
 # ---------------------------------------------------------------------- workers
 def random_checkpoint(ckpt_dir: Path, model: str) -> Path:
     """``random_state`` of ``model``'s layout as a checkpoint file (what a 1-rank run writes)."""
-    from recd.train.sharding import logical_layout
+    from recd.optim.sharded_adam import logical_layout
 
     state = random_state(logical_layout(model_config(model)).n_params, seed=1)
     path = ckpt_dir / f"random-{model}" / checkpoint_filename(state.step)
@@ -379,7 +379,7 @@ def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
 
 def assert_state_close(got: FlatState, want: FlatState, sc: Scenario, *, steps: int) -> None:
     """Every region within the model's tolerance (attention key biases: within Adam's step)."""
-    from recd.train.sharding import logical_layout
+    from recd.optim.sharded_adam import logical_layout
 
     layout = logical_layout(model_config(sc.model))
     assert got.step == want.step
@@ -466,7 +466,7 @@ def test_ranks_write_one_logical_checkpoint(
 def test_shards_cover_every_parameter_once(
     sc: Scenario, sharded: dict[str, list[dict[str, Any]]]
 ) -> None:
-    from recd.train.sharding import logical_layout
+    from recd.optim.sharded_adam import logical_layout
 
     layout = logical_layout(model_config(sc.model))
     covered = {name: np.zeros(layout.spec(name).numel, np.int32) for name in layout.names}
@@ -528,7 +528,8 @@ def measure_worker(
     from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise
     from torchrec.distributed.types import ShardingEnv, ShardingPlan
 
-    from recd.train.sharding import ShardedAdam, shard_model
+    from recd.optim.sharded_adam import ShardedAdam
+    from recd.train.sharding import shard_model
 
     config = ModelConfig(
         dense_in_features=2,

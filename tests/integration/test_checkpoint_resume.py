@@ -75,9 +75,9 @@ from recd.checkpoint import (
     write_checksum,
 )
 from recd.checkpoint.format import region_byte_offset
-from recd.errors import CheckpointCorruptError, ConfigError
+from recd.errors import CheckpointCorruptError, ConfigError, TrainingDivergedError
 from recd.train.config import TrainConfig, load_train_config
-from recd.train.loop import Trainer, TrainingDivergedError
+from recd.train.loop import Trainer
 from recd.train.run import run_training
 from tests.integration.test_train_job import recd_env, table, write_config
 

@@ -112,7 +112,8 @@ CHILD = """
 import json, sys
 from pathlib import Path
 from recd.etl.local import peak_rss_bytes
-from recd.logs.ingest import IngestMapping, ingest_events
+from recd.logs.ingest import ingest_events
+from recd.logs.ingest_mapping import IngestMapping
 baseline = peak_rss_bytes()
 report = ingest_events(Path(sys.argv[1]), Path(sys.argv[2]), memory_budget_bytes=int(sys.argv[3]),
                        mapping=IngestMapping(keep_itemless=True, history=10), show_progress=False)

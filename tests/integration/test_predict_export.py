@@ -15,10 +15,11 @@ import torch
 from recd.cli import main
 from recd.models import DLRM
 from recd.schema import Catalogue
+from recd.train.build import build_model_config
 from recd.train.checkpointing import Checkpointer
 from recd.train.config import TrainConfig, load_train_config
 from recd.train.inference import Scorer, predict_table
-from recd.train.loop import Trainer, build_model_config
+from recd.train.loop import Trainer
 from tests.tables import build_table
 
 CONFIG = """

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from recd.checkpoint import check_checkpoint_finite, checkpoint_path, list_checkpoints, read_layout
-from recd.errors import CheckpointNonFiniteError
+from recd.errors import CheckpointNonFiniteError, TrainingDivergedError
 from recd.train.config import load_train_config
-from recd.train.loop import Trainer, TrainingDivergedError
+from recd.train.loop import Trainer
 from recd.train.run import run_training
 from tests.integration.test_train_job import table, write_config
 

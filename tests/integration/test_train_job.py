@@ -21,7 +21,8 @@ from recd.etl.config import EtlConfig
 from recd.etl.local import run_etl
 from recd.schema import Catalogue
 from recd.train.config import TrainConfig, load_train_config
-from recd.train.loop import Trainer, TrainResult
+from recd.train.loop import Trainer
+from recd.train.results import TrainResult
 from recd.train.run import run_training, train_from_pipeline
 from tests.tables import build_table
 
@@ -424,7 +425,7 @@ def test_a_resumed_run_writes_outputs_for_the_whole_run(tmp_path: Path, table: P
     """``train.json`` and ``loss.png`` after ``--resume`` cover steps 1..N, not the last
     segment; every file is strict JSON; resuming a finished run trains nothing and rewrites
     nothing."""
-    from recd.train.loop import format_summary
+    from recd.train.results import format_summary
 
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "t.toml", table, run_dir, steps=30, eval_every=10)

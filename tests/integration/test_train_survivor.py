@@ -5,7 +5,8 @@ Real worker processes under recd's launcher, real SIGKILLs at chosen points of a
 between the all-to-alls, in the backward, inside the optimizer step between the dense and the
 table updates, after the update before the loss all-reduce), a warm spare replacing the dead
 rank, and the files a user reads afterwards: the audit trail, the loss history and the final
-checkpoint.
+checkpoint. The never-failed reference checkpoints every step (which changes nothing in the
+training), so its state at any step can be compared with what a recovery did.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from recd.checkpoint import checkpoint_path, read_checkpoint, read_layout
 from recd.checkpoint.sidecars import read_loss_history
-from recd.recovery.rejoin import read_events
+from recd.recovery.audit import read_events, recovery_timeline
 from tests.integration.test_train_job import recd_env, table, write_config
 
 __all__ = ["table"]
@@ -27,7 +30,7 @@ STEPS = 16
 EVERY = 5
 
 
-def _config(tmp_path: Path, table: Path, name: str) -> Path:
+def _config(tmp_path: Path, table: Path, name: str, every: int = EVERY) -> Path:
     path = write_config(
         tmp_path / f"{name}.toml",
         table,
@@ -38,8 +41,8 @@ def _config(tmp_path: Path, table: Path, name: str) -> Path:
         sharding="row_wise",
     )
     # written on the training thread: checkpoint k is committed before step k + 1 starts, so
-    # which checkpoint a recovery finds does not depend on the writer's timing
-    text = f"\n[checkpoint]\ncheckpoint_every = {EVERY}\nbackground = false\n"
+    # which checkpoint a recovery finds does not depend on the writer's timing; all kept
+    text = f"\n[checkpoint]\ncheckpoint_every = {every}\nbackground = false\nkeep_last = {STEPS}\n"
     path.write_text(path.read_text() + text)
     return path
 
@@ -77,9 +80,9 @@ def _assert_history_complete(run_dir: Path) -> None:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory, table: Path) -> Path:
-    """The same job that never failed (the same launcher)."""
+    """The same job that never failed (the same launcher), with a checkpoint every step."""
     tmp = tmp_path_factory.mktemp("survivor-reference")
-    proc = _train(_config(tmp, table, "run"), "--recovery", "survivor")
+    proc = _train(_config(tmp, table, "run", every=1), "--recovery", "survivor")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert _records(tmp / "run") == []
     return tmp / "run"
@@ -163,6 +166,50 @@ def test_recovery_at_a_checkpoint_step_is_bit_exact(
     assert (run_dir / final).read_bytes() == (reference / final).read_bytes()
     spawns = [e for e in read_events(run_dir) if e["event"] == "spawn" and "replaced" in e]
     assert [e["how"] for e in spawns] == ["new process"]
+    # the event log splits the recovery: the step in flight (6) is the first one done again
+    split = recovery_timeline(read_events(run_dir))
+    assert split is not None and split["route"] == "survivor"
+    assert (split["failed_step"], split["resumed_at_step"], split["lost_steps"]) == (6, 5, 1)
+    assert split["replay"] == 0.0 and split["total"] > split["detection"] > 0
+
+
+def _state(run_dir: Path, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ckpt = read_checkpoint(checkpoint_path(run_dir, step))
+    return np.array(ckpt.weights), np.array(ckpt.adam_m), np.array(ckpt.adam_v)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_partial_recovery_names_exactly_the_rows_that_lost_updates(
+    tmp_path: Path, table: Path, reference: Path
+) -> None:
+    # Rank 1 dies inside its update of step 8: the survivor takes its own update of step 8
+    # back, the agreed step is 7, and the replacement's shards come from checkpoint 5, so the
+    # rows of rank 1's blocks updated in steps 6 and 7 lose those updates. The audit names
+    # exactly the rows of those blocks whose weight, m or v moved between steps 5 and 7 of
+    # the never-failed run.
+    config = _config(tmp_path, table, "run")
+    proc = _train(config, "--recovery", "survivor", "--no-spare", kills="0:1:8:optimizer")
+    run_dir = tmp_path / "run"
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (record,) = _records(run_dir)
+    assert record["failed_ranks"] == [1] and record["agreed_step"] == 7
+    assert record["embedding_checkpoint_step"] == 5
+    assert [(u["rank"], u["step"], u["exact"]) for u in record["undone"]] == [(0, 8, True)]
+    assert record["dense_source"].startswith("rank 0 (survivor")
+    layout = read_layout(run_dir)
+    now, then = _state(reference, 7), _state(reference, 5)
+    lost = record["rows_lost_updates"]
+    assert sum(lost.values()) > 0 and record["bit_exact"] is False
+    for name, (lo, hi) in record["shard_rows"].items():
+        view, shape = layout.slice_of(name), layout.spec(name).shape
+        moved = np.zeros(shape[0], bool)
+        for a, b in zip(now, then, strict=True):
+            moved |= (a[view].reshape(shape) != b[view].reshape(shape)).any(axis=1)
+        want = (np.flatnonzero(moved[lo:hi]) + lo).tolist()
+        assert record["lost_rows"].get(name, []) == want, name
+        assert lost[name] == len(want), name
+    _assert_history_complete(run_dir)
 
 
 @pytest.mark.slow
@@ -251,6 +298,11 @@ def test_the_elastic_route_restarts_every_worker_from_the_newest_checkpoint(
     assert names.count("started") == 1 and names.count("kill") == 1
     assert names.index("started") < names.index("kill")
     assert "spare" not in names  # no spare on this route
+    # the restarted workers log the replayed steps up to the one in flight at the failure
+    split = recovery_timeline(timeline)
+    assert split is not None and split["route"] == "restart"
+    assert (split["failed_step"], split["resumed_at_step"], split["lost_steps"]) == (7, 5, 2)
+    assert split["load"] is None and split["total"] > split["first_step"] > 0
 
 
 def test_survivor_recovery_needs_several_processes(tmp_path: Path, table: Path) -> None:

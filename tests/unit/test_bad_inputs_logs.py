@@ -15,7 +15,8 @@ import pytest
 
 from recd.cli import main
 from recd.logs import rawlog
-from recd.logs.ingest import QUARANTINE_FILE, IngestMapping, ingest_events
+from recd.logs.ingest import QUARANTINE_FILE, ingest_events
+from recd.logs.ingest_mapping import IngestMapping
 from recd.pipeline import IngestStage, ingest_stage
 
 HEADER = "session_id,ts,item_id,event_type\n"

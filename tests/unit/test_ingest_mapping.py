@@ -17,7 +17,8 @@ from recd.cli import main
 from recd.errors import BadLineError
 from recd.logs import rawlog
 from recd.logs.hashing import hash_strings
-from recd.logs.ingest import QUARANTINE_FILE, IngestMapping, ingest_events
+from recd.logs.ingest import QUARANTINE_FILE, ingest_events
+from recd.logs.ingest_mapping import IngestMapping
 
 CSV = """\
 sid,when,product,kind,clicked,bought,price,cat,tags

@@ -14,7 +14,8 @@ import pytest
 from recd.errors import ConfigError
 from recd.logs import rawlog
 from recd.logs.example_events import make_events
-from recd.logs.ingest import IngestMapping, ingest_events
+from recd.logs.ingest import ingest_events
+from recd.logs.ingest_mapping import IngestMapping
 from recd.pipeline import (
     PipelineConfig,
     TrainStage,
