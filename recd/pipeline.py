@@ -669,19 +669,23 @@ def train_with_sigterm_and_resume(job: Path, *, show_progress: bool = True) -> d
     import sys
     import time
 
-    from recd.checkpoint import newest_valid_checkpoint, read_loss_history
+    from recd.checkpoint import checkpoint_file, newest_valid_checkpoint, read_loss_history
     from recd.errors import RecdError
 
     config = _fresh_run(job)
     run_dir = config.checkpoint_dir
     command = [sys.executable, "-m", "recd", "train", "--config", str(job)]
     env = _train_env(show_progress)
-    first_checkpoint = run_dir / f"step_{config.checkpoint.checkpoint_every:06d}.bin"
+    first_step = config.checkpoint.checkpoint_every
+    # the first periodic checkpoint, full or delta (whichever the trainer writes at that step)
+    first_checkpoint = run_dir / f"step_{first_step:06d}.bin"
     demo: dict[str, Any] = {"signal": "SIGTERM", "after": first_checkpoint.name}
     began = time.perf_counter()
     child = subprocess.Popen(command, env=env)
-    while child.poll() is None and not first_checkpoint.exists():
+    while child.poll() is None and checkpoint_file(run_dir, first_step) is None:
         time.sleep(0.02)
+    first_checkpoint = checkpoint_file(run_dir, first_step) or first_checkpoint
+    demo["after"] = first_checkpoint.name
     interrupted = child.poll() is None  # else it ended before its first checkpoint was seen
     if interrupted:
         child.send_signal(signal.SIGTERM)

@@ -3,7 +3,10 @@
 - ``format``: the byte layout, ``ParamLayout`` (THE parameter order: the logical unsharded
   model's parameter-iterator order), the reader, ranged writes for distributed saves;
 - ``atomic``: commit (through recd.durable), listing, fallback to the newest valid file,
-  ``_layout.json``;
+  ``_layout.json``, materialising a chain into a full file;
+- ``delta`` and ``chain``: ``step_NNNNNN.delta``, the rows changed since the previous
+  checkpoint, and chains (a full file + the deltas after it), which every reader takes like a
+  full file (``read_any``, ``validate_any``);
 - ``checksum``: ``step_NNNNNN.bin.crc32``, the CRC-32 of each part of a checkpoint, written
   before it and checked by every reader that loads weights;
 - ``retention``: keep the newest K plus every Mth (by step), with their ``.state.json`` entries;
@@ -19,11 +22,14 @@ Formats: the file in :mod:`recd.checkpoint.format`, the run directory and its si
 
 from recd.checkpoint.atomic import (
     LAYOUT_FILE,
+    checkpoint_file,
     checkpoint_path,
+    checkpoint_step,
     clean_stray_temp_files,
     commit,
     copy_checkpoint,
     list_checkpoints,
+    materialize_checkpoint,
     move_checkpoint,
     newest_valid_checkpoint,
     read_layout,
@@ -32,6 +38,13 @@ from recd.checkpoint.atomic import (
     write_checkpoint,
     write_checksum,
     write_layout,
+)
+from recd.checkpoint.chain import (
+    chain_paths,
+    check_finite_any,
+    is_delta,
+    read_any,
+    validate_any,
 )
 from recd.checkpoint.checksum import (
     CHECKSUM_SUFFIX,
@@ -130,11 +143,15 @@ __all__ = [
     "apply_retention",
     "apply_retention_in_background",
     "archive_policy_sidecars",
+    "chain_paths",
     "check_checkpoint_finite",
     "check_finite",
+    "check_finite_any",
+    "checkpoint_file",
     "checkpoint_filename",
     "checkpoint_path",
     "checkpoint_size_bytes",
+    "checkpoint_step",
     "checksum_of_file",
     "checksum_path",
     "clean_stray_temp_files",
@@ -142,12 +159,15 @@ __all__ = [
     "copy_checkpoint",
     "drop_state_entries",
     "fork_run",
+    "is_delta",
     "list_checkpoints",
     "lock_run_directory",
+    "materialize_checkpoint",
     "move_checkpoint",
     "newest_valid_checkpoint",
     "parse_checkpoint_step",
     "preallocate",
+    "read_any",
     "read_checkpoint",
     "read_checksum",
     "read_layout",
@@ -157,6 +177,7 @@ __all__ = [
     "read_state",
     "read_step_state",
     "remove_checkpoint",
+    "validate_any",
     "validate_checkpoint",
     "verify_checksum",
     "write_checkpoint",

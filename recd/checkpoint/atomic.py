@@ -21,6 +21,13 @@ delete, move and copy a checkpoint together with it.
 On resume ``newest_valid_checkpoint`` validates from the newest file backwards (size, header,
 checksum) and falls back to the previous one with a logged warning naming the skipped file
 and the reason.
+
+A checkpoint is a full ``step_NNNNNN.bin`` or a delta ``step_NNNNNN.delta`` (the rows changed
+since the previous checkpoint, :mod:`recd.checkpoint.delta`), which stands for its whole chain
+(:mod:`recd.checkpoint.chain`: the full file it starts at and every delta up to it). Every
+function here takes either: ``list_checkpoints`` lists both, ``newest_valid_checkpoint``
+validates a delta's whole chain, ``remove/move/copy_checkpoint`` handle a delta (no sidecar:
+its CRC is in its header) and ``materialize_checkpoint`` turns a chain into a full file.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from recd.checkpoint.chain import is_delta, read_any, step_of_name, validate_any
 from recd.checkpoint.checksum import (
     Checksum,
     ChecksumStream,
@@ -46,6 +54,7 @@ from recd.checkpoint.checksum import (
     read_checksum,
     verify_checksum,
 )
+from recd.checkpoint.delta import delta_filename, parse_delta_step, read_delta
 from recd.checkpoint.format import (
     HEADER_BYTES,
     REGIONS,
@@ -128,24 +137,27 @@ def commit(
 def remove_checkpoint(path: str | os.PathLike[str]) -> bool:
     """Delete a checkpoint, then its checksum sidecar; False when the checkpoint was already
     gone. (In that order: a crash in between leaves a sidecar without a checkpoint, which
-    ``clean_stray_temp_files`` removes, never a checkpoint stripped of its checksum.)"""
+    ``clean_stray_temp_files`` removes, never a checkpoint stripped of its checksum.) A delta
+    has no sidecar (its CRC is in its header); removing one never touches its chain."""
     path = Path(path)
     try:
         path.unlink()
     except FileNotFoundError:
         return False
-    checksum_path(path).unlink(missing_ok=True)
+    if not is_delta(path):
+        checksum_path(path).unlink(missing_ok=True)
     return True
 
 
 def move_checkpoint(path: str | os.PathLike[str], directory: str | os.PathLike[str]) -> Path:
-    """Move a checkpoint, then its checksum sidecar (when it has one), into ``directory`` (same
-    filesystem: renames); returns the new path. The caller fsyncs both directories."""
+    """Move a checkpoint, then its checksum sidecar (when it has one: a delta never has),
+    into ``directory`` (same filesystem: renames); returns the new path. The caller fsyncs
+    both directories. A delta moves alone: its chain's other files stay where they are."""
     source, target_dir = Path(path), Path(directory)
     target = target_dir / source.name
     os.replace(source, target)
     side = checksum_path(source)
-    if side.exists():
+    if not is_delta(source) and side.exists():
         os.replace(side, checksum_path(target))
     return target
 
@@ -155,7 +167,7 @@ def copy_checkpoint(
     target: str | os.PathLike[str],
     *,
     layout: ParamLayout | None = None,
-) -> tuple[Checksum, str]:
+) -> tuple[Checksum | None, str]:
     """Copy a checkpoint with its checksum, verifying the source as it is read; returns the
     checksum and the sha256 of the bytes copied.
 
@@ -163,8 +175,16 @@ def copy_checkpoint(
     its sidecar: nothing is left at ``target``); a source without a sidecar is copied as it is
     and its copy gets the checksum of the bytes read. The copy is committed like any
     checkpoint (``commit``: sidecar first, then the file), then read back and verified.
+
+    A delta (``step_NNNNNN.delta``) is copied alone, its bytes checked against the CRC in its
+    header before the copy takes the final name (``CheckpointCorruptError``, nothing left at
+    ``target``, when they differ); the checksum returned is None (a delta has no sidecar).
+    Its chain is not copied: to copy a delta's state to another directory, materialise it
+    (``materialize_checkpoint``).
     """
     source, final = Path(source), Path(target)
+    if is_delta(source):
+        return None, _copy_delta(source, final, layout)
     header = validate_checkpoint(source, layout)
     expected = read_checksum(source)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -189,6 +209,64 @@ def copy_checkpoint(
         raise
     verify_checksum(final)  # the copy as it landed on disk
     return checksum, digest.hexdigest()
+
+
+def _copy_delta(source: Path, final: Path, layout: ParamLayout | None) -> str:
+    """``copy_checkpoint`` of a delta: the bytes copied to a temp file, checked there (size,
+    blocks, CRC, the final name's step, n_params against ``layout``), then renamed."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path_for(final)
+    digest = hashlib.sha256()
+    try:
+        with open(source, "rb") as fin, open(tmp, "wb") as fout:
+            while chunk := fin.read(16 << 20):
+                digest.update(chunk)
+                fout.write(chunk)
+        copied = read_delta(tmp, verify=True)  # the bytes as they landed, CRC included
+        named = parse_delta_step(final.name)
+        if named is not None and named != copied.step:
+            raise CheckpointCorruptError(
+                f"{source}: a delta of step {copied.step} cannot be copied as {final.name}"
+            )
+        if layout is not None and copied.n_params != layout.n_params:
+            raise CheckpointCorruptError(
+                f"{source}: delta of {copied.n_params:,} parameters, the model layout has "
+                f"{layout.n_params:,}"
+            )
+        replace_durably(tmp, final)
+    except FileNotFoundError as exc:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointCorruptError(f"{source}: no such checkpoint file") from exc
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return digest.hexdigest()
+
+
+def materialize_checkpoint(
+    source: str | os.PathLike[str],
+    target: str | os.PathLike[str],
+    *,
+    layout: ParamLayout | None = None,
+    verify: bool = True,
+) -> Path:
+    """Write the full flat file of checkpoint ``source`` (a delta: its whole chain applied;
+    a full file: a verified copy) to ``target``, with its checksum sidecar, atomically and
+    durably (``write_checkpoint``); returns ``target``.
+
+    Every link is checked first (sizes, headers, links; with ``verify`` a delta's CRC, the
+    base's sidecar, a full source's sidecar: pass False only when the caller just checked
+    them): ``CheckpointCorruptError`` naming the file, and nothing written, when one fails.
+    The bytes are those of the full checkpoint the run would have written at that step:
+    header, weights, Adam m, Adam v.
+    """
+    source = Path(source)
+    ckpt = read_any(source, layout, verify=verify)
+    if verify and not is_delta(source):
+        verify_checksum(source)  # read_any checks a full file's size and header only
+    return write_checkpoint(
+        target, ckpt.step, ckpt.weights, ckpt.adam_m, ckpt.adam_v, layout=layout
+    )
 
 
 def _iter_source(source: RegionSource, region: str) -> Iterable[np.ndarray]:
@@ -262,9 +340,9 @@ def write_checkpoint(
 
 
 def clean_stray_temp_files(run_dir: str | os.PathLike[str]) -> list[Path]:
-    """Delete temp files left by killed writers (``.*.tmp-*``) and checksum sidecars whose
-    checkpoint is not there (a writer killed between committing the two); returns what was
-    removed.
+    """Delete temp files left by killed writers (``.*.tmp-*``: a full checkpoint's, a delta's
+    ``.step_NNNNNN.delta.tmp-*``, any sidecar's) and checksum sidecars whose checkpoint is not
+    there (a writer killed between committing the two); returns what was removed.
 
     Call it once at start, before any writer of this run directory runs: it cannot tell a
     stray temp file from one a live writer is filling.
@@ -282,13 +360,38 @@ def clean_stray_temp_files(run_dir: str | os.PathLike[str]) -> list[Path]:
     return sorted(removed)
 
 
+def checkpoint_step(path: str | os.PathLike[str]) -> int | None:
+    """The step a checkpoint's name encodes (``step_NNNNNN.bin`` or ``step_NNNNNN.delta``),
+    or None when ``path`` is named neither way."""
+    return step_of_name(Path(path).name)
+
+
 def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:
-    """Every ``step_NNNNNN.bin`` of ``run_dir`` (unvalidated), sorted by step ascending."""
+    """Every checkpoint of ``run_dir`` (unvalidated), sorted by step ascending: each
+    ``step_NNNNNN.bin`` and ``step_NNNNNN.delta``; where both exist for one step, the full
+    file only (it holds the same state without a chain)."""
     directory = Path(run_dir)
     if not directory.is_dir():
         return []
-    found = [(parse_checkpoint_step(p.name), p) for p in directory.iterdir()]
-    return [p for step, p in sorted((s, p) for s, p in found if s is not None)]
+    full: dict[int, Path] = {}
+    deltas: dict[int, Path] = {}
+    for entry in directory.iterdir():
+        if (step := parse_checkpoint_step(entry.name)) is not None:
+            full[step] = entry
+        elif (step := parse_delta_step(entry.name)) is not None:
+            deltas[step] = entry
+    chosen = deltas | full
+    return [chosen[step] for step in sorted(chosen)]
+
+
+def checkpoint_file(run_dir: str | os.PathLike[str], step: int) -> Path | None:
+    """The checkpoint of ``step`` in ``run_dir``: ``step_NNNNNN.bin`` when it exists, else
+    ``step_NNNNNN.delta`` when that does, else None (unvalidated)."""
+    directory = Path(run_dir)
+    for name in (checkpoint_filename(step), delta_filename(step)):
+        if (directory / name).is_file():
+            return directory / name
+    return None
 
 
 def newest_valid_checkpoint(
@@ -305,6 +408,9 @@ def newest_valid_checkpoint(
     header checks pass, and (``verify``) the bytes match the checksum sidecar when there is
     one (``recd.checkpoint.checksum``; this reads the file; a caller that reads it anyway
     passes ``verify=False`` and checks the bytes it read in ``check``, as a resume does).
+    A delta is valid when its whole chain is (``recd.checkpoint.chain.validate_any``: every
+    link present, sized and linked right, and with ``verify`` every delta's CRC and the base's
+    sidecar): a torn, missing or damaged link skips it like a truncated file.
     ``check(path)`` runs on a file that passed those checks and rejects it too by raising
     ``CheckpointCorruptError`` (a resume passes one that loads the file and refuses
     non-finite values: ``recd.checkpoint.format.check_finite``). None means the directory
@@ -317,8 +423,8 @@ def newest_valid_checkpoint(
     reasons = []
     for path in reversed(candidates):
         try:
-            validate_checkpoint(path, layout)
-            if verify:
+            validate_any(path, layout, verify=verify)  # a delta: its whole chain
+            if verify and not is_delta(path):
                 verify_checksum(path)  # reads the file only when it has a sidecar
             if check is not None:
                 check(path)
@@ -369,5 +475,6 @@ def read_layout_or_none(path: str | os.PathLike[str]) -> ParamLayout | None:
 
 
 def checkpoint_path(run_dir: str | os.PathLike[str], step: int) -> Path:
-    """``run_dir/step_NNNNNN.bin``."""
+    """``run_dir/step_NNNNNN.bin`` (the full file's name; ``checkpoint_file`` finds the
+    checkpoint a step has, full or delta)."""
     return Path(run_dir) / checkpoint_filename(step)

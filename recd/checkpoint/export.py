@@ -21,8 +21,9 @@ from typing import Literal
 import numpy as np
 import torch
 
+from recd.checkpoint.chain import is_delta, read_any
 from recd.checkpoint.checksum import verify_checksum
-from recd.checkpoint.format import ParamLayout, read_checkpoint
+from recd.checkpoint.format import ParamLayout
 from recd.durable import replacing
 from recd.errors import ConfigError
 
@@ -61,14 +62,18 @@ def export_checkpoint(
 
     The checkpoint's bytes are checked against its checksum first (``CheckpointChecksumError``
     when they differ; a checkpoint without one, from an older recd, is exported unverified).
+    A delta (``step_NNNNNN.delta``) exports the state its chain restores, every link checked
+    (each delta's CRC, the base's sidecar; ``CheckpointCorruptError`` naming a torn, missing
+    or damaged one).
     """
     if fmt not in EXPORT_FORMATS:
         raise ConfigError(f"export format {fmt!r}: expected one of {', '.join(EXPORT_FORMATS)}")
     out = Path(out)
     if out.exists() and not overwrite:
         raise ConfigError(f"{out}: already exists; pass --overwrite to replace it")
-    ckpt = read_checkpoint(path, layout)  # checks n_params against the layout
-    verify_checksum(path)
+    ckpt = read_any(path, layout, verify=True)  # checks n_params against the layout
+    if not is_delta(path):
+        verify_checksum(path)  # a chain's links were checked by read_any
     weights = _named(ckpt.weights, layout)
     moments = (
         {"adam_m": _named(ckpt.adam_m, layout), "adam_v": _named(ckpt.adam_v, layout)}

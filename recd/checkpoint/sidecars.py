@@ -4,6 +4,8 @@
 
     RUN_DIR/step_NNNNNN.bin     checkpoints (recd.checkpoint.format)
     RUN_DIR/step_NNNNNN.bin.crc32   each one's checksum (recd.checkpoint.checksum)
+    RUN_DIR/step_NNNNNN.delta   delta checkpoints: rows changed since the previous one
+                                (recd.checkpoint.delta; CRC in the header, no sidecar)
     RUN_DIR/_layout.json        parameter order of the checkpoints
     RUN_DIR/.loss.json          loss history: JSON Lines, append-only, never archived
     RUN_DIR/.samples.json       recent sample audits: one JSON document, archived at a pivot
@@ -75,9 +77,15 @@ from typing import Any, Literal
 
 import numpy as np
 
-from recd.checkpoint.atomic import LAYOUT_FILE, copy_checkpoint, read_layout_or_none
-from recd.checkpoint.format import checkpoint_filename, validate_checkpoint
-from recd.durable import copy_file_atomic, fsync_directory, write_json_atomic
+from recd.checkpoint.atomic import (
+    LAYOUT_FILE,
+    copy_checkpoint,
+    materialize_checkpoint,
+    read_layout_or_none,
+)
+from recd.checkpoint.chain import chain_paths, is_delta, validate_any
+from recd.checkpoint.format import checkpoint_filename
+from recd.durable import copy_file_atomic, fsync_directory, sha256_file, write_json_atomic
 from recd.errors import CheckpointError, SidecarError
 
 log = logging.getLogger(__name__)
@@ -500,15 +508,19 @@ class ForkResult:
     source: Path
     step: int
     sha256: str
+    chain: list[str] = field(default_factory=list)
+    """A delta's chain (file names, base first), materialised into ``checkpoint``; empty for a
+    full source (copied)."""
 
 
 def fork_run(checkpoint: str | os.PathLike[str], new_run_dir: str | os.PathLike[str]) -> ForkResult:
     """Start a new run directory from one checkpoint, for an audit comparison of two branches.
 
     The new directory gets, atomically (built as a temp folder, then renamed into place):
-    the checkpoint (same name) with its checksum sidecar, ``_layout.json`` when one sits beside
-    the source, a fresh ``.state.json`` stating the origin (``{"fork_origin": {...}}``: no
-    policy state is carried over) and a ``.loss.json`` whose only record is the origin event.
+    the checkpoint (same name; a delta becomes a full ``.bin``, below) with its checksum
+    sidecar, ``_layout.json`` when one sits beside the source, a fresh ``.state.json`` stating
+    the origin (``{"fork_origin": {...}}``: no policy state is carried over) and a
+    ``.loss.json`` whose only record is the origin event.
     No loss entries are copied: the fork's history starts at step+1, and its first record
     points to the source run, whose ``.loss.json`` holds the steps up to the fork.
     ``new_run_dir`` must not exist or be empty.
@@ -517,10 +529,17 @@ def fork_run(checkpoint: str | os.PathLike[str], new_run_dir: str | os.PathLike[
     nothing created, when it fails), and the copy against the same checksum once written; a
     source without a checksum (an older recd's) gets one computed from the bytes copied. The
     sha256 of those bytes is recorded as the origin's identity.
+
+    Forking a delta (``step_NNNNNN.delta``) materialises its chain: the new directory gets a
+    full ``step_NNNNNN.bin`` (with its checksum sidecar) holding the state the chain restores,
+    byte-identical to the full checkpoint the source run would have written at that step, so
+    the fork never depends on the source directory's files. Every link is checked first (each
+    delta's CRC, the base's sidecar); the origin records the chain's files (``chain``) and the
+    sha256 of the materialised file.
     """
     source = Path(checkpoint).resolve()
     layout = read_layout_or_none(source.parent)
-    header = validate_checkpoint(source, layout)
+    header = validate_any(source, layout)  # a delta: its whole chain
     target = Path(new_run_dir).resolve()
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise CheckpointError(f"{target}: fork target exists and is not an empty directory")
@@ -529,7 +548,13 @@ def fork_run(checkpoint: str | os.PathLike[str], new_run_dir: str | os.PathLike[
     staging.mkdir()
     try:
         name = checkpoint_filename(header.step)
-        _, digest = copy_checkpoint(source, staging / name, layout=layout)
+        chain: list[str] = []
+        if is_delta(source):
+            chain = [p.name for p in chain_paths(source)]
+            made = materialize_checkpoint(source, staging / name, layout=layout)
+            digest = sha256_file(made)
+        else:
+            _, digest = copy_checkpoint(source, staging / name, layout=layout)
         if layout is not None:
             copy_file_atomic(source.parent / LAYOUT_FILE, staging / LAYOUT_FILE)
         origin = {
@@ -538,6 +563,7 @@ def fork_run(checkpoint: str | os.PathLike[str], new_run_dir: str | os.PathLike[
             "step": header.step,
             "sha256": digest,
             "forked_at": utc_timestamp(),
+            **({"chain": chain} if chain else {}),
         }
         write_state(staging, {"fork_origin": origin})
         with LossLog(staging) as losses:
@@ -554,5 +580,10 @@ def fork_run(checkpoint: str | os.PathLike[str], new_run_dir: str | os.PathLike[
         raise
     fsync_directory(target.parent)
     return ForkResult(
-        run_dir=target, checkpoint=target / name, source=source, step=header.step, sha256=digest
+        run_dir=target,
+        checkpoint=target / name,
+        source=source,
+        step=header.step,
+        sha256=digest,
+        chain=chain,
     )

@@ -49,7 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--from",
         dest="from_checkpoint",
         metavar="CKPT",
-        help="a step_NNNNNN.bin of RUN_DIR, or its step (default: the newest valid one)",
+        help="a step_NNNNNN.bin or step_NNNNNN.delta of RUN_DIR (a delta is materialised into "
+        "a full file), or its step (default: the newest valid one)",
     )
     add_run_overrides(parser, run_dir=False)
     parser.add_argument(

@@ -200,6 +200,32 @@ class LazyAdam(torch.optim.Optimizer):
         """Optimizer steps completed (the first group's counter: t of the last update)."""
         return int(self.param_groups[0]["step"]) if self.param_groups else 0
 
+    row_log: dict[torch.Tensor, torch.Tensor] | None = None
+    """With :meth:`log_rows` on: each table -> bool [num_rows], the rows updated since the
+    log was last taken (what a delta checkpoint writes)."""
+
+    def log_rows(self) -> None:
+        """From now on, remember which rows the updates touch (:meth:`take_logged_rows`)."""
+        if self.row_log is None:
+            self.row_log = {}
+
+    def _log_rows(self, p: torch.Tensor, rows: torch.Tensor) -> None:
+        assert self.row_log is not None
+        mask = self.row_log.get(p)
+        if mask is None:
+            mask = self.row_log[p] = torch.zeros(p.shape[0], dtype=torch.bool, device=p.device)
+        mask[rows] = True
+
+    def take_logged_rows(self) -> dict[torch.Tensor, torch.Tensor]:
+        """Each table's rows updated since the last call (int64, sorted; tables not updated
+        are absent), and a fresh log."""
+        if self.row_log is None:
+            raise RuntimeError("LazyAdam.take_logged_rows: call log_rows() first")
+        taken = {p: mask.nonzero().reshape(-1) for p, mask in self.row_log.items()}
+        for mask in self.row_log.values():
+            mask.zero_()
+        return {p: rows for p, rows in taken.items() if rows.numel()}
+
     def set_step_count(self, step: int) -> None:
         """Set every group's step counter (restoring a checkpoint)."""
         for group in self.param_groups:
@@ -236,6 +262,8 @@ class LazyAdam(torch.optim.Optimizer):
                 if touched is None:
                     continue
                 rows, grad_rows = touched
+                if self.row_log is not None:
+                    self._log_rows(p, rows)
                 state = self.state[p]
                 update_rows(
                     p,

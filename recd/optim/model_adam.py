@@ -24,12 +24,16 @@ import numpy as np
 import torch
 from torch import nn
 
+from recd.checkpoint.delta import Block
+from recd.checkpoint.format import ParamLayout
 from recd.optim.config import AdamConfig
 from recd.optim.lazy_adam import LazyAdam, RowUpdate, lazy_adam_update_rows
 
 __all__ = ["AdamConfig", "FlatState", "ModelAdam", "embedding_parameter_names"]
 
 Moment = Literal["adam_m", "adam_v"]
+DeltaPart = tuple[Block, tuple[np.ndarray, ...]]
+"""One block of a delta checkpoint and its weights, adam_m, adam_v (float32, row after row)."""
 _STATE_KEY: dict[str, str] = {"adam_m": "exp_avg", "adam_v": "exp_avg_sq"}
 
 
@@ -133,6 +137,50 @@ class ModelAdam:
         if touched_rows is None:
             return None
         return {self.params[n]: rows for n, rows in touched_rows.items()}
+
+    def log_rows(self) -> bool:
+        """Remember the embedding rows each step updates (for delta checkpoints); True (the
+        rows of every table can be logged)."""
+        if self.embeddings is not None:
+            self.embeddings.log_rows()
+        return True
+
+    @torch.no_grad()
+    def delta_blocks(self, layout: ParamLayout, *, owner: bool = True) -> list[DeltaPart]:
+        """A delta checkpoint's share of this optimizer (and a fresh row log): each embedding
+        table's rows updated since the last call, each dense tensor whole, as blocks of the
+        flat ``layout`` with their weights, m and v (CPU float32 copies, row after row).
+        ``owner=False``: take the log only (a rank that does not write these parameters)."""
+        touched = self.take_logged_rows()
+        if not owner:
+            return []
+        moments = (self.moments("adam_m"), self.moments("adam_v"))
+        parts: list[DeltaPart] = []
+        for name in self.names:
+            spec, offset = layout.spec(name), layout.offset_of(name)
+            sources = (self.params[name], *(m[name] for m in moments))
+            if name in self.embedding_names:
+                rows = touched.get(name)
+                if rows is None:
+                    continue
+                width = spec.numel // spec.shape[0]
+                block = Block(offset, width, width, rows.cpu().numpy().astype(np.int32))
+                values = tuple(s.index_select(0, rows).reshape(-1).cpu().numpy() for s in sources)
+            else:
+                block = Block(offset, spec.numel, spec.numel, np.zeros(1, np.int32))
+                values = tuple(s.reshape(-1).cpu().numpy().copy() for s in sources)
+            parts.append((block, values))
+        return parts
+
+    def take_logged_rows(self) -> dict[str, torch.Tensor]:
+        """Each embedding table's rows updated since the last call or since :meth:`log_rows`
+        (name -> int64 sorted rows; tables not updated are absent)."""
+        if self.embeddings is None:
+            return {}
+        by_param = self.embeddings.take_logged_rows()
+        return {
+            n: by_param[self.params[n]] for n in self.embedding_names if self.params[n] in by_param
+        }
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:

@@ -31,12 +31,13 @@ from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from recd.checkpoint.delta import Block
 from recd.checkpoint.format import ParamLayout
 from recd.errors import ConfigError
 from recd.models.dlrm import DLRM, ModelConfig
 from recd.optim.config import AdamConfig
 from recd.optim.lazy_adam import RowsStep, lazy_adam_update_rows
-from recd.optim.model_adam import FlatState, ModelAdam
+from recd.optim.model_adam import DeltaPart, FlatState, ModelAdam
 
 if TYPE_CHECKING:
     from recd.recovery.undo import StepCapture, UndoMethod, UndoRecord
@@ -246,6 +247,9 @@ class ShardedAdam:
         sharded (not replicated) table blocks: ``(index in tables, rows, the update's
         RowsStep)``, what a peer copy of the shards needs (:mod:`recd.recovery.peer_copy`);
         replaced by the next step."""
+        self.row_log: dict[int, torch.Tensor] | None = None
+        """With :meth:`log_rows` on: local table index -> bool [local rows], the rows updated
+        since the log was last taken (what a delta checkpoint writes)."""
         self.mid_step_hook: Callable[[], None] | None = None
         """Called inside :meth:`step` between the dense update and the tables' (fault
         injection for recovery tests)."""
@@ -304,6 +308,13 @@ class ShardedAdam:
                 else:
                     name = f"{table.name}[{table.rows[0]}:{table.rows[1]}]"
                     done = capture_.update_rows(*args, hyper=hyper, step=self.step_count, name=name)
+                if self.row_log is not None:
+                    mask = self.row_log.get(i)
+                    if mask is None:
+                        mask = self.row_log[i] = torch.zeros(
+                            table.weight.shape[0], dtype=torch.bool, device=rows.device
+                        )
+                    mask[rows] = True
                 if self.keep_rows_after and not table.replicated:
                     self.rows_after.append((i, rows, done))
         except BaseException:
@@ -522,6 +533,46 @@ class ShardedAdam:
         self.load_flat(
             step=state.step, weights=state.weights, adam_m=state.adam_m, adam_v=state.adam_v
         )
+
+    def log_rows(self) -> bool:
+        """Remember the rows each step updates (for delta checkpoints); False (and nothing
+        logged) when a table is updated by fbgemm's fused ADAM inside the backward, where
+        its rows cannot be seen."""
+        if any(t.fused for t in self.tables):
+            return False
+        if self.row_log is None:
+            self.row_log = {}
+        self.dense.log_rows()
+        return True
+
+    @torch.no_grad()
+    def delta_blocks(self, layout: ParamLayout, *, owner: bool = True) -> list[DeltaPart]:
+        """This rank's share of a delta checkpoint (and fresh row logs): the rows of its table
+        blocks updated since the last call (global rows; a column block is narrower than the
+        row), and, on rank 0, the unsharded parameters (:meth:`ModelAdam.delta_blocks`).
+        Every rank calls it; ``owner`` is ignored (ownership is per block)."""
+        if self.row_log is None:
+            raise RuntimeError("ShardedAdam.delta_blocks: call log_rows() first")
+        logged, self.row_log = self.row_log, {}
+        parts: list[DeltaPart] = []
+        for i, table in enumerate(self.tables):
+            mask = logged.get(i)
+            if mask is None or (table.replicated and self.rank != 0):
+                continue
+            rows = mask.nonzero().reshape(-1)
+            if not rows.numel():
+                continue
+            m, v = self._table_moments(i)
+            width_full = self.layout.spec(table.name).shape[1]
+            start = layout.offset_of(table.name) + table.cols[0]
+            global_rows = (rows + table.rows[0]).cpu().numpy().astype(np.int32)
+            block = Block(start, width_full, table.cols[1] - table.cols[0], global_rows)
+            values = tuple(
+                s.index_select(0, rows).reshape(-1).to("cpu", torch.float32).numpy()
+                for s in (table.weight, m, v)
+            )
+            parts.append((block, values))
+        return parts + self.dense.delta_blocks(layout, owner=self.rank == 0)
 
     def export_local(self) -> tuple[int, list[ParamShard]]:
         """``(step, local_shards(copy=True))``: what a rank writes to a checkpoint."""

@@ -321,12 +321,12 @@ class _Agent:
 
     def _record_restart(self, rank: int, code: int, reason: str) -> None:
         """The elastic restart in the audit trail and in ``.loss.json``."""
-        from recd.checkpoint import newest_valid_checkpoint
+        from recd.checkpoint import checkpoint_step, newest_valid_checkpoint
         from recd.checkpoint.sidecars import LossLog, read_loss_history
 
         run_dir = self.config.checkpoint_dir
-        newest = newest_valid_checkpoint(run_dir)
-        ckpt_step = None if newest is None else int(newest.stem.split("_")[-1])
+        newest = newest_valid_checkpoint(run_dir)  # full or delta (its whole chain valid)
+        ckpt_step = None if newest is None else checkpoint_step(newest)
         history = read_loss_history(run_dir)
         last = int(max(history.steps, default=0))
         lost = last - (ckpt_step or 0)

@@ -82,6 +82,7 @@ from recd.recovery.peer_copy import PeerCopy
 from recd.recovery.undo import UNDO_METHODS, UndoMethod
 
 if TYPE_CHECKING:
+    from recd.checkpoint.format import Checkpoint, ParamLayout
     from recd.train.hooks import TrainerView
 
 __all__ = [
@@ -94,6 +95,7 @@ __all__ = [
     "FirstStepNotice",
     "RecoveryPlan",
     "SurvivorRecovery",
+    "read_checkpoint_of_step",
     "recovery_mode",
 ]
 
@@ -482,8 +484,6 @@ class SurvivorRecovery:
         """The replacement's side of :meth:`survive`, after its trainer and checkpointer
         were built in the new generation: receive the plan and the dense state, load its own
         table shard from the newest checkpoint, take the agreed step and reader position."""
-        from recd.checkpoint import checkpoint_path, read_checkpoint
-
         trainer = self.trainer
         append_event(self.run_dir, "rendezvous", rank=trainer.rank, gen=self.generation)
         began = time.perf_counter()
@@ -498,12 +498,11 @@ class SurvivorRecovery:
             source = f"peer copy on rank {keeper} (step {plan.agreed_step})"
         # the checkpoint's blocks hold the dense layers too: the survivor's go over them
         elif plan.checkpoint_step is not None:
-            path = checkpoint_path(self.run_dir, plan.checkpoint_step)
-            ckpt = read_checkpoint(path, opt.layout)
+            ckpt = read_checkpoint_of_step(self.run_dir, plan.checkpoint_step, opt.layout)
             opt.load_flat(
                 step=plan.agreed_step, weights=ckpt.weights, adam_m=ckpt.adam_m, adam_v=ckpt.adam_v
             )
-            ckpt_step, source = int(ckpt.step), path.name
+            ckpt_step, source = int(ckpt.step), ckpt.path.name
         else:  # the tables restart from the seed's initial weights, zero moments
             zeros = [np.zeros(opt.layout.n_params, np.float32) for _ in range(2)]
             own = _local_weights(opt)
@@ -596,6 +595,21 @@ class SurvivorRecovery:
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def read_checkpoint_of_step(
+    run_dir: str | os.PathLike[str], step: int, layout: ParamLayout | None
+) -> Checkpoint:
+    """The checkpoint of ``step`` in ``run_dir`` (a ``recd.checkpoint.format.Checkpoint``),
+    where the replacement finds its own table shards: the full file memory-mapped (each rank
+    copies its own blocks), or a delta through its chain (the base and every delta applied in
+    memory, every link's CRC and the base's sidecar checked). ``CheckpointCorruptError``
+    naming the file when the step has none or its chain is broken."""
+    from recd.checkpoint.atomic import checkpoint_file, checkpoint_path
+    from recd.checkpoint.chain import read_any
+
+    path = checkpoint_file(run_dir, step) or checkpoint_path(run_dir, step)
+    return read_any(path, layout, verify=True)
 
 
 def _planned(trainer: TrainerView) -> int:

@@ -36,18 +36,17 @@ from recd.checkpoint.atomic import (
     read_layout_or_none,
     write_layout,
 )
+from recd.checkpoint.chain import check_finite_any, is_delta, read_any, step_of_name
 from recd.checkpoint.checksum import Checksum, verify_checksum
+from recd.checkpoint.delta import Block, delta_filename, write_delta_payload
 from recd.checkpoint.format import (
     HEADER_BYTES,
     CheckpointNonFiniteError,
     ParamLayout,
-    check_checkpoint_finite,
     check_finite,
     checkpoint_size_bytes,
     pack_header,
-    parse_checkpoint_step,
     preallocate,
-    read_checkpoint,
     validate_checkpoint,
 )
 from recd.checkpoint.lock import RunDirectoryLock, lock_run_directory
@@ -68,6 +67,7 @@ from recd.checkpoint.state_file import (
 from recd.durable import fsync_file, temp_path_for
 from recd.errors import CheckpointCorruptError, CheckpointError, ConfigError
 from recd.optim import FlatState, ModelAdam
+from recd.optim.model_adam import DeltaPart
 from recd.train.config import TrainConfig
 from recd.train.history import json_safe
 from recd.train.metrics import bce_from_logits, roc_auc
@@ -76,7 +76,7 @@ from recd.train.snapshot import FillPieces, RowPatches, SnapshotFill, TableViews
 from recd.train.state import TrainState
 
 if TYPE_CHECKING:
-    from recd.optim.sharded_adam import ParamShard
+    from recd.optim.sharded_adam import ParamShard, ShardedAdam
     from recd.tensors.batch import Batch
     from recd.train.loop import Trainer
 
@@ -146,6 +146,8 @@ class CheckpointStats:
     """Per checkpoint: CPU time of the writer thread (user + system)."""
     bytes_written: int = 0
     """Bytes of checkpoint files committed."""
+    deltas: int = 0
+    """Of ``checkpoints``, how many were deltas (``step_NNNNNN.delta``)."""
     resume: ResumeInfo | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -166,6 +168,11 @@ def read_checkpoint_flat(
     ``verify``: check the bytes read against the checksum sidecar, when the file has one
     (``CheckpointChecksumError`` on a mismatch; no second read of the file).
     """
+    if is_delta(path):  # a chain: its base and deltas, each checked
+        ckpt = read_any(path, layout, verify=verify)
+        return FlatState(
+            step=ckpt.step, weights=ckpt.weights, adam_m=ckpt.adam_m, adam_v=ckpt.adam_v
+        )
     header = validate_checkpoint(path, layout)
     n = header.n_params
     data = np.empty(3 * n, dtype=np.float32)
@@ -305,6 +312,26 @@ def _write_image(path: Path, image: np.ndarray, size_bytes: int) -> None:
 
 
 @dataclass(kw_only=True, slots=True)
+class _DeltaImage:
+    """A delta checkpoint's content: this rank's blocks, gathered on the training thread."""
+
+    parent: int
+    base: int
+    parts: list[DeltaPart]
+    """Blocks with their weights, m and v (copies)."""
+
+    @staticmethod
+    def combine(parts: list[DeltaPart]) -> tuple[list[Block], list[np.ndarray]]:
+        """The blocks and the three payload arrays of a delta file."""
+        blocks = [block for block, _ in parts]
+        payload = [
+            np.concatenate([values[r] for _, values in parts]) if parts else np.zeros(0, np.float32)
+            for r in range(3)
+        ]
+        return blocks, payload
+
+
+@dataclass(kw_only=True, slots=True)
 class _Snapshot:
     """Everything the writer thread needs for one checkpoint (no live tensors)."""
 
@@ -312,6 +339,9 @@ class _Snapshot:
     reason: str
     flat: _FileImage | None = None
     """One process: the file image (header, weights, m, v)."""
+    delta: _DeltaImage | None = None
+    """One process, a delta checkpoint: the rows changed since the parent (instead of
+    ``flat``)."""
     shards: list[ParamShard] | None = None
     """Several: this rank's blocks (CPU copies)."""
     state_entry: dict[str, Any] | None = None
@@ -414,6 +444,13 @@ class Checkpointer:
         self._guarded: tuple[Any, bool, Any] | None = None
         self._dir_lock: RunDirectoryLock | None = None
         self._closed = False
+        self._logging_rows = False
+        """The optimizer logs the rows it updates (``full_every > 1``)."""
+        self._chain: tuple[int, int, int] | None = None
+        """(base, parent, deltas since the base) of the newest checkpoint this process
+        wrote; None until its first full checkpoint (deltas need one to apply onto)."""
+        self.last_saved_name: str | None = None
+        """File name of the newest checkpoint this run has submitted."""
 
     # ------------------------------------------------------------------ set-up
     @property
@@ -466,6 +503,15 @@ class Checkpointer:
             self._audit_batch = trainer.read_audit_batch()
         if isinstance(optimizer, ModelAdam):  # allocated and faulted in now, not at step k
             self._buffers = _FileImage(self._layout, pin=trainer.device.type == "cuda")
+        self._logging_rows = False
+        if self.section.full_every > 1:
+            self._logging_rows = optimizer.log_rows()  # the rows each delta holds
+            if not self._logging_rows and self.is_main:
+                log.warning(
+                    "checkpoint.full_every = %d: fbgemm's fused ADAM updates tables inside "
+                    "the backward, where the updated rows cannot be seen: full checkpoints only",
+                    self.section.full_every,
+                )
         signals = self._poll_signals(trainer)
         if signals.stop:
             trainer.request_stop("SIGTERM before the first step: nothing new to checkpoint")
@@ -480,6 +526,9 @@ class Checkpointer:
         self._trainer = trainer
         self._pg = dist.new_group(backend="gloo", timeout=WRITER_TIMEOUT)
         self._job_tag = self._broadcast(self._job_tag)
+        self._chain = None  # the replacement's rows were not logged: the next one is full
+        if self._logging_rows:
+            trainer.optimizer.log_rows()
         if self.is_main:  # no writer runs now: an abandoned write's temp file goes
             clean_stray_temp_files(self.run_dir)
         self._barrier_main()
@@ -580,7 +629,7 @@ class Checkpointer:
                         check_finite(path, regions, layout=layout)
                     loaded[path] = params
                 elif not accept:
-                    check_checkpoint_finite(path, layout)
+                    check_finite_any(path, layout)
             except CheckpointNonFiniteError:
                 nonfinite.append(path.name)
                 raise
@@ -615,7 +664,7 @@ class Checkpointer:
         if trainer.dist is None:
             assert params is not None  # read by _choose_checkpoint
         else:
-            mapped = read_checkpoint(path, self._layout)  # each rank reads its own blocks
+            mapped = read_any(path, self._layout)  # a full file: each rank reads its blocks
             params = FlatState(
                 step=mapped.step, weights=mapped.weights, adam_m=mapped.adam_m, adam_v=mapped.adam_v
             )
@@ -685,7 +734,7 @@ class Checkpointer:
         self.save(trainer, reason=reason or "periodic")
         if signals.stop:
             self.wait()  # the checkpoint is on disk before the process exits
-            name = checkpoint_path(self.run_dir, step).name
+            name = self.last_saved_name
             trainer.request_stop(f"SIGTERM: stopped after step {step}, checkpoint {name} written")
 
     def after_train(self, trainer: Trainer) -> None:
@@ -705,6 +754,11 @@ class Checkpointer:
         waited = time.perf_counter() - began
         snapshot = self._snapshot(trainer, reason)
         self.last_saved_step = snapshot.step
+        self.last_saved_name = (
+            delta_filename(snapshot.step)
+            if snapshot.delta is not None
+            else checkpoint_path(self.run_dir, snapshot.step).name
+        )
         if not self.section.background:
             self._fill(snapshot, trainer, None, None)
             self._write(snapshot)
@@ -805,15 +859,45 @@ class Checkpointer:
                 f"checkpoint: optimizer step counter {optimizer.step_count} != trainer step {step}"
             )
         snapshot = _Snapshot(step=step, reason=reason)
-        if isinstance(optimizer, ModelAdam):
+        if self._delta_due(reason, step):
+            assert self._chain is not None
+            base, parent, deltas = self._chain
+            parts = optimizer.delta_blocks(self._layout)
+            snapshot.delta = _DeltaImage(parent=parent, base=base, parts=parts)
+            self._chain = (base, step, deltas + 1)
+        elif isinstance(optimizer, ModelAdam):
             if self._buffers is None:
                 self._buffers = _FileImage(self._layout, pin=trainer.device.type == "cuda")
             snapshot.flat = self._buffers  # filled by _fill (maybe on the writer thread)
+            self._start_chain(optimizer, step)
         else:
             _, snapshot.shards = optimizer.export_local()
+            self._start_chain(optimizer, step)
         snapshot.audit = self._audit(trainer, step, reason)
         snapshot.state_entry = self._state_entry(trainer, step)
         return snapshot
+
+    def _start_chain(self, optimizer: ModelAdam | ShardedAdam, step: int) -> None:
+        """A full checkpoint at ``step``: the next deltas apply onto it, and hold the rows
+        updated from here on."""
+        if self._logging_rows:
+            assert self._layout is not None
+            optimizer.delta_blocks(self._layout, owner=False)  # a fresh row log
+            self._chain = (step, step, 0)
+
+    def _delta_due(self, reason: str, step: int) -> bool:
+        """A delta, not a full checkpoint: deltas are on, a full one this process wrote is
+        there to apply onto, fewer than ``full_every - 1`` deltas since it, and this is not
+        the run's last checkpoint (which stays a plain file)."""
+        every = self.section.full_every
+        return (
+            every > 1
+            and self._logging_rows
+            and self._chain is not None
+            and self._chain[2] < every - 1
+            and reason != "end of training"
+            and step < self.config.train.steps
+        )
 
     def _state_entry(self, trainer: Trainer, step: int) -> dict[str, Any] | None:
         """Every rank's reader position and RNG state, gathered on rank 0."""
@@ -876,7 +960,32 @@ class Checkpointer:
         began = time.perf_counter()
         cpu_began = time.thread_time()
         final = checkpoint_path(self.run_dir, snapshot.step)
-        if snapshot.flat is not None:
+        if snapshot.delta is not None:
+            file_began = time.perf_counter()
+            final = self.run_dir / delta_filename(snapshot.step)
+            delta = snapshot.delta
+            parts = delta.parts
+            if self._trainer.dist is not None:  # every rank's blocks, in rank order, on rank 0
+                import torch.distributed as dist
+
+                gathered: list[Any] = [None] * self._trainer.world_size
+                dist.gather_object(parts, gathered if self.is_main else None, dst=0, group=self._pg)
+                parts = [part for rank_parts in gathered if rank_parts for part in rank_parts]
+            if not self.is_main:
+                return
+            self._write_sidecars(snapshot)
+            blocks, payload = _DeltaImage.combine(parts)
+            write_delta_payload(
+                final,
+                step=snapshot.step,
+                parent=delta.parent,
+                base=delta.base,
+                n_params=self._layout.n_params,
+                blocks=blocks,
+                payload=payload,
+            )
+            self.stats.deltas += 1
+        elif snapshot.flat is not None:
             self._write_sidecars(snapshot)
             file_began = time.perf_counter()
             snapshot.flat.write(final)
@@ -889,7 +998,7 @@ class Checkpointer:
         size = final.stat().st_size
         deleted = apply_retention(self.run_dir, self.policy, layout=self._layout)
         for gone in deleted:  # their .state.json entries went with them
-            self._state.forget(parse_checkpoint_step(gone.name))
+            self._state.forget(step_of_name(gone.name))
         self.stats.checkpoints += 1
         self.stats.steps.append(snapshot.step)
         self.stats.write_s.append(time.perf_counter() - began)
@@ -908,7 +1017,7 @@ class Checkpointer:
         if not self.is_main:
             return
         assert snapshot.state_entry is not None
-        on_disk = {parse_checkpoint_step(p.name) for p in list_checkpoints(self.run_dir)}
+        on_disk = {step_of_name(p.name) for p in list_checkpoints(self.run_dir)}
         trainer = self._trainer
         assert trainer is not None
         self._state.write(

@@ -290,8 +290,14 @@ class CheckpointSection:
     ``checkpoint_every`` (the default: every checkpoint has an audit and every audit a
     recovery point). Must be a multiple of ``checkpoint_every`` (so every audit still lands on
     a checkpoint); 0 disables the audits."""
+    full_every: PositiveInt = 1
+    """Every this many-th checkpoint is a full ``step_NNNNNN.bin``; the ones between are
+    deltas (``step_NNNNNN.delta``: the embedding rows updated since the previous checkpoint,
+    every dense parameter). 1: every checkpoint full. The last checkpoint of a run, and the
+    first after a start or resume, are always full. One process only for now: a distributed
+    run writes full checkpoints whatever this says (with a warning)."""
     keep_last: PositiveInt = 3
-    """Retention: always keep the newest K checkpoints."""
+    """Retention: always keep the newest K checkpoints (a kept delta keeps its chain)."""
     keep_every: NonNegativeInt = 10
     """Retention: also keep forever every checkpoint whose step is a multiple of
     ``keep_every * checkpoint_every``; 0: none."""

@@ -32,6 +32,7 @@ import torch
 from tqdm import tqdm
 
 from recd.checkpoint.atomic import newest_valid_checkpoint
+from recd.checkpoint.chain import is_delta, read_any
 from recd.checkpoint.format import ParamLayout
 from recd.durable import replacing
 from recd.errors import ConfigError, RecdError
@@ -52,14 +53,18 @@ log = logging.getLogger(__name__)
 
 
 def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
-    """``path`` itself when it is a file; the newest valid checkpoint when it is a run
-    directory (ConfigError when it holds none). Valid includes the checksum: a newest file
-    whose bytes fail it is skipped with a warning, like a truncated one."""
+    """``path`` itself when it is a file (a full ``step_NNNNNN.bin`` or a delta
+    ``step_NNNNNN.delta``, which loads through its chain); the newest valid checkpoint when it
+    is a run directory (ConfigError when it holds none), full or delta. Valid includes the
+    checksum: a newest file whose bytes fail it (a delta: any link of its chain torn, missing
+    or damaged) is skipped with a warning, like a truncated one."""
     path = Path(path)
     if path.is_dir():
         newest = newest_valid_checkpoint(path)
         if newest is None:
-            raise ConfigError(f"{path}: no valid step_NNNNNN.bin checkpoint in this directory")
+            raise ConfigError(
+                f"{path}: no valid checkpoint (step_NNNNNN.bin or .delta) in this directory"
+            )
         return newest
     if not path.exists():
         raise ConfigError(f"{path}: no such checkpoint file or run directory")
@@ -89,16 +94,21 @@ class Scorer:
         catalogue, reader_config = prepare_reader(config, 0, 1)
         model = DLRM(build_model_config(config, catalogue), device=torch.device("cpu"))
         layout = ParamLayout.from_named_arrays(model.named_parameters())
-        state = read_checkpoint_flat(path, layout)  # n_params and the checksum checked
+        if is_delta(path):  # the chain applied in memory, every link's CRC checked
+            chained = read_any(path, layout, verify=True)
+            step, flat = chained.step, chained.weights
+        else:
+            state = read_checkpoint_flat(path, layout)  # n_params and the checksum checked
+            step, flat = state.step, state.weights
         offset = 0
         with torch.no_grad():
             for _, param in model.named_parameters():
                 n = param.numel()
-                weights = state.weights[offset : offset + n].reshape(param.shape)
+                weights = flat[offset : offset + n].reshape(param.shape)
                 param.copy_(torch.from_numpy(np.array(weights, dtype=np.float32)))
                 offset += n
         model.eval()
-        return cls(config, model, catalogue, reader_config, path, state.step)
+        return cls(config, model, catalogue, reader_config, path, step)
 
     @torch.no_grad()
     def logits(self, batch: Batch) -> torch.Tensor:

@@ -412,7 +412,8 @@ class Trainer:
 
     def _continue_from(self, lower: str) -> str:
         """Which checkpoint a diverged run continues from, and how (see :meth:`_diverged`)."""
-        from recd.checkpoint import check_checkpoint_finite, list_checkpoints
+        from recd.checkpoint import list_checkpoints
+        from recd.checkpoint.chain import check_finite_any
         from recd.errors import CheckpointCorruptError, CheckpointError, CheckpointNonFiniteError
 
         run_dir = self.config.checkpoint_dir
@@ -430,7 +431,7 @@ class Trainer:
         skipped: list[str] = []
         for path in reversed(list_checkpoints(run_dir)):
             try:
-                header = check_checkpoint_finite(path, layout)
+                header = check_finite_any(path, layout)
             except CheckpointNonFiniteError:
                 skipped.append(f"{path.name} (non-finite values)")
                 continue
@@ -573,11 +574,10 @@ class Trainer:
         write a dead rank never committed is not one)."""
         if self.checkpointer is None:
             return None
-        from recd.checkpoint import newest_valid_checkpoint
-        from recd.checkpoint.format import read_header
+        from recd.checkpoint import checkpoint_step, newest_valid_checkpoint
 
         path = newest_valid_checkpoint(self.config.checkpoint_dir, self.checkpointer.layout)
-        return None if path is None else read_header(path)[0]
+        return None if path is None else checkpoint_step(path)  # full or delta: its name's step
 
     def leave_group(self) -> None:
         """Leave the (broken) process group; the sharded model goes with it."""

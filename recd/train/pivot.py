@@ -4,6 +4,12 @@ The data-policy sidecars (``.samples.json``, ``.state.json``) go to ``archive/<t
 with every checkpoint newer than the pivot's (the abandoned branch, which a later resume must
 never pick), ``.loss.json`` is kept with a ``branch`` record at the pivot step, and the next
 ``recd train --resume`` starts from the checkpoint with a fresh data policy.
+
+A pivot from a delta (``step_NNNNNN.delta``) materialises it first: the state its chain
+restores is written as a full ``step_NNNNNN.bin`` beside it (with its checksum sidecar,
+byte-identical to the full checkpoint the run would have written at that step) and the delta
+is removed, so the new branch starts from a self-contained file and retention may later
+delete the old chain.
 """
 
 from __future__ import annotations
@@ -15,18 +21,23 @@ from pathlib import Path
 from typing import Any
 
 from recd.checkpoint.atomic import (
+    checkpoint_file,
     checkpoint_path,
+    checkpoint_step,
     clean_stray_temp_files,
-    list_checkpoints,
     move_checkpoint,
     newest_valid_checkpoint,
     read_layout_or_none,
+    remove_checkpoint,
+    write_checkpoint,
 )
+from recd.checkpoint.chain import is_delta, read_any
 from recd.checkpoint.checksum import verify_checksum
 from recd.checkpoint.format import (
+    Checkpoint,
     ParamLayout,
     check_checkpoint_finite,
-    parse_checkpoint_step,
+    check_finite,
     validate_checkpoint,
 )
 from recd.checkpoint.lock import lock_run_directory
@@ -45,7 +56,7 @@ class PivotResult:
 
     run_dir: Path
     checkpoint: Path
-    """The checkpoint training restarts from."""
+    """The checkpoint training restarts from (a full file: a delta was materialised)."""
     step: int
     archive: Path
     """``archive/<timestamp>/``: the old ``.samples.json``, ``.state.json`` and checkpoints."""
@@ -63,13 +74,14 @@ def prepare_pivot(
 ) -> PivotResult:
     """Archive the policy sidecars, keep ``.loss.json``, make ``from_checkpoint`` the newest.
 
-    ``from_checkpoint``: a ``step_NNNNNN.bin`` of ``run_dir`` (a path or a step); default the
-    newest valid one. The run must not be training (the run directory's lock is taken first,
-    so a live trainer makes this fail before anything moves). ``note`` is stored in the
-    ``branch`` record of ``.loss.json`` (e.g. the new config). ``layout``: the new config's
-    model, checked against the checkpoint before anything moves, like its checksum (a
-    mismatch is always refused) and its values (a NaN or an infinity is refused unless
-    ``accept_nonfinite``).
+    ``from_checkpoint``: a checkpoint of ``run_dir`` (a path to a ``step_NNNNNN.bin`` or
+    ``step_NNNNNN.delta``, or a step); default the newest valid one. A delta is materialised
+    into a full file (module docstring). The run must not be training (the run directory's
+    lock is taken first, so a live trainer makes this fail before anything moves). ``note``
+    is stored in the ``branch`` record of ``.loss.json`` (e.g. the new config). ``layout``: the
+    new config's model, checked against the checkpoint before anything moves, like its
+    checksum (a mismatch is always refused; a delta: every link's) and its values (a NaN or an
+    infinity is refused unless ``accept_nonfinite``).
     """
     directory = Path(run_dir)
     if not directory.is_dir():
@@ -81,7 +93,9 @@ def prepare_pivot(
             if source is None:
                 raise CheckpointError(f"{directory}: no checkpoint to pivot from")
         elif isinstance(from_checkpoint, int):
-            source = checkpoint_path(directory, from_checkpoint)
+            source = checkpoint_file(directory, from_checkpoint) or checkpoint_path(
+                directory, from_checkpoint
+            )
         else:
             source = Path(from_checkpoint)
         if source.resolve().parent != directory.resolve():
@@ -89,27 +103,49 @@ def prepare_pivot(
                 f"{source}: a pivot restarts from a checkpoint of {directory}; to branch from "
                 "another run's checkpoint use `recd fork CKPT NEWDIR`"
             )
-        header = validate_checkpoint(source, layout)
-        verify_checksum(source)  # a flipped bit is never accepted, non-finite values may be
-        if not accept_nonfinite:
-            check_checkpoint_finite(source, layout)
+        chained: Checkpoint | None = None
+        if is_delta(source):  # every link's CRC and the base's sidecar checked
+            chained = read_any(source, layout, verify=True)
+            step = chained.step
+            if not accept_nonfinite:
+                regions = (chained.weights, chained.adam_m, chained.adam_v)
+                check_finite(source, regions, layout=layout)
+        else:
+            step = validate_checkpoint(source, layout).step
+            verify_checksum(source)  # a flipped bit is never accepted, non-finite values may be
+            if not accept_nonfinite:
+                check_checkpoint_finite(source, layout)
         clean_stray_temp_files(directory)
+        restart = source
+        if chained is not None:  # the full file first, then the delta goes: never neither
+            restart = write_checkpoint(
+                checkpoint_path(directory, step),
+                step,
+                chained.weights,
+                chained.adam_m,
+                chained.adam_v,
+                layout=layout,
+            )
+            remove_checkpoint(source)
+            log.info("pivot: %s materialised as %s", source.name, restart.name)
         archive = archive_policy_sidecars(directory)
-        newer = [
-            p
-            for p in list_checkpoints(directory)
-            if (parse_checkpoint_step(p.name) or 0) > header.step
-        ]
+        # every checkpoint file past the pivot, full or delta (a delta a full file of its step
+        # shadows included): none may be picked by a later resume
+        newer = sorted(
+            (p for p in directory.iterdir() if (checkpoint_step(p) or -1) > step and p.is_file()),
+            key=lambda p: (checkpoint_step(p) or 0, p.name),
+        )
         for path in newer:
             move_checkpoint(path, archive)  # with its checksum
         if newer:
             fsync_directory(archive)
             fsync_directory(directory)
         losses.begin_branch(
-            header.step,
+            step,
             reason="pivot",
-            checkpoint=source.name,
+            checkpoint=restart.name,
             archive=str(archive.relative_to(directory)),
+            **({"materialized_from": source.name} if chained is not None else {}),
             **(note or {}),
         )
     log.info(
@@ -117,12 +153,12 @@ def prepare_pivot(
         ".samples.json/.state.json",
         archive,
         len(newer),
-        header.step,
+        step,
     )
     return PivotResult(
         run_dir=directory,
-        checkpoint=directory / source.name,
-        step=header.step,
+        checkpoint=directory / restart.name,
+        step=step,
         archive=archive,
         moved_checkpoints=[archive / p.name for p in newer],
     )
