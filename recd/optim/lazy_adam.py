@@ -214,7 +214,12 @@ class LazyAdam(torch.optim.Optimizer):
         mask = self.row_log.get(p)
         if mask is None:
             mask = self.row_log[p] = torch.zeros(p.shape[0], dtype=torch.bool, device=p.device)
-        mask[rows] = True
+        mask.index_fill_(0, rows, True)
+
+    def reset_logged_rows(self) -> None:
+        """Forget the rows logged so far (a full checkpoint was taken)."""
+        for mask in (self.row_log or {}).values():
+            mask.zero_()
 
     def take_logged_rows(self) -> dict[torch.Tensor, torch.Tensor]:
         """Each table's rows updated since the last call (int64, sorted; tables not updated

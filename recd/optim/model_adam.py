@@ -151,9 +151,10 @@ class ModelAdam:
         table's rows updated since the last call, each dense tensor whole, as blocks of the
         flat ``layout`` with their weights, m and v (CPU float32 copies, row after row).
         ``owner=False``: take the log only (a rank that does not write these parameters)."""
-        touched = self.take_logged_rows()
         if not owner:
+            self.reset_logged_rows()
             return []
+        touched = self.take_logged_rows()
         moments = (self.moments("adam_m"), self.moments("adam_v"))
         parts: list[DeltaPart] = []
         for name in self.names:
@@ -171,6 +172,11 @@ class ModelAdam:
                 values = tuple(s.reshape(-1).cpu().numpy().copy() for s in sources)
             parts.append((block, values))
         return parts
+
+    def reset_logged_rows(self) -> None:
+        """Forget the rows logged so far (a full checkpoint was taken)."""
+        if self.embeddings is not None:
+            self.embeddings.reset_logged_rows()
 
     def take_logged_rows(self) -> dict[str, torch.Tensor]:
         """Each embedding table's rows updated since the last call or since :meth:`log_rows`

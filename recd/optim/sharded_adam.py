@@ -314,7 +314,7 @@ class ShardedAdam:
                         mask = self.row_log[i] = torch.zeros(
                             table.weight.shape[0], dtype=torch.bool, device=rows.device
                         )
-                    mask[rows] = True
+                    mask.index_fill_(0, rows, True)
                 if self.keep_rows_after and not table.replicated:
                     self.rows_after.append((i, rows, done))
         except BaseException:
@@ -550,9 +550,15 @@ class ShardedAdam:
         """This rank's share of a delta checkpoint (and fresh row logs): the rows of its table
         blocks updated since the last call (global rows; a column block is narrower than the
         row), and, on rank 0, the unsharded parameters (:meth:`ModelAdam.delta_blocks`).
-        Every rank calls it; ``owner`` is ignored (ownership is per block)."""
+        Every rank calls it; ``owner=False``: forget the logged rows only (after a full
+        checkpoint); otherwise ownership is per block."""
         if self.row_log is None:
             raise RuntimeError("ShardedAdam.delta_blocks: call log_rows() first")
+        if not owner:
+            for logged_rows in self.row_log.values():
+                logged_rows.zero_()
+            self.dense.reset_logged_rows()
+            return []
         logged, self.row_log = self.row_log, {}
         parts: list[DeltaPart] = []
         for i, table in enumerate(self.tables):
