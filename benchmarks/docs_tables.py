@@ -48,14 +48,25 @@ sections = [
         "reader_tier_clickstream.png",
     ),
     ("trainer", "Trainer: the RM1 ablation (O5-O7)", "trainer.png"),
-    ("checkpoint", "Checkpoints", None),
+    ("checkpoint", "Checkpoints: full vs delta", None),
+    ("checkpoint_large", "Checkpoints on a large-table model (4 tables x 1M Zipf rows)", None),
+    (
+        "failure_efficiency",
+        "Training efficiency under frequent failures (torchft's protocol)",
+        "failure_efficiency.png",
+    ),
     ("train_recovery", "Failure recovery inside recd train (survivor vs elastic restart)", None),
     (
         "undo_overhead",
         "Failure-free cost of survivor recovery (the trainer benchmark's model)",
         None,
     ),
-    ("recovery", "Failure recovery (the standalone driver, recd recover)", None),
+    (
+        "recovery",
+        "Failure recovery (the previous standalone driver; not rerun since `recd recover` "
+        "became a drill over recd train)",
+        None,
+    ),
     ("etl_faults", "Killed ETL runs: what a reader sees (local engine)", None),
     ("etl_faults_spark", "Killed ETL runs: what a reader sees (Spark engine)", None),
 ]
