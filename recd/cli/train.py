@@ -203,6 +203,7 @@ def run_train(args: argparse.Namespace) -> int:
                     survivor=recovery == "survivor",
                     undo=getattr(args, "undo", None) or "copy",
                     peer_copy=getattr(args, "peer_copy", False),
+                    steps=config.train.steps,
                 )
             )
     if in_torchrun():

@@ -46,6 +46,7 @@ from typing import Any, Protocol
 import torch
 
 from recd.optim.config import AdamHyper
+from recd.optim.row_log import RowLog
 
 __all__ = [
     "LazyAdam",
@@ -200,9 +201,9 @@ class LazyAdam(torch.optim.Optimizer):
         """Optimizer steps completed (the first group's counter: t of the last update)."""
         return int(self.param_groups[0]["step"]) if self.param_groups else 0
 
-    row_log: dict[torch.Tensor, torch.Tensor] | None = None
-    """With :meth:`log_rows` on: each table -> bool [num_rows], the rows updated since the
-    log was last taken (what a delta checkpoint writes)."""
+    row_log: dict[torch.Tensor, RowLog] | None = None
+    """With :meth:`log_rows` on: each table -> the rows updated since the log was last taken
+    (what a delta checkpoint writes)."""
 
     def log_rows(self) -> None:
         """From now on, remember which rows the updates touch (:meth:`take_logged_rows`)."""
@@ -211,25 +212,23 @@ class LazyAdam(torch.optim.Optimizer):
 
     def _log_rows(self, p: torch.Tensor, rows: torch.Tensor) -> None:
         assert self.row_log is not None
-        mask = self.row_log.get(p)
-        if mask is None:
-            mask = self.row_log[p] = torch.zeros(p.shape[0], dtype=torch.bool, device=p.device)
-        mask.index_fill_(0, rows, True)
+        log = self.row_log.get(p)
+        if log is None:
+            log = self.row_log[p] = RowLog()
+        log.add(rows)
 
     def reset_logged_rows(self) -> None:
         """Forget the rows logged so far (a full checkpoint was taken)."""
-        for mask in (self.row_log or {}).values():
-            mask.zero_()
+        for log in (self.row_log or {}).values():
+            log.reset()
 
     def take_logged_rows(self) -> dict[torch.Tensor, torch.Tensor]:
         """Each table's rows updated since the last call (int64, sorted; tables not updated
         are absent), and a fresh log."""
         if self.row_log is None:
             raise RuntimeError("LazyAdam.take_logged_rows: call log_rows() first")
-        taken = {p: mask.nonzero().reshape(-1) for p, mask in self.row_log.items()}
-        for mask in self.row_log.values():
-            mask.zero_()
-        return {p: rows for p, rows in taken.items() if rows.numel()}
+        taken = {p: log.take() for p, log in self.row_log.items()}
+        return {p: rows for p, rows in taken.items() if rows is not None}
 
     def set_step_count(self, step: int) -> None:
         """Set every group's step counter (restoring a checkpoint)."""

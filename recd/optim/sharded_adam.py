@@ -38,6 +38,7 @@ from recd.models.dlrm import DLRM, ModelConfig
 from recd.optim.config import AdamConfig
 from recd.optim.lazy_adam import RowsStep, lazy_adam_update_rows
 from recd.optim.model_adam import DeltaPart, FlatState, ModelAdam
+from recd.optim.row_log import RowLog
 
 if TYPE_CHECKING:
     from recd.recovery.undo import StepCapture, UndoMethod, UndoRecord
@@ -247,9 +248,9 @@ class ShardedAdam:
         sharded (not replicated) table blocks: ``(index in tables, rows, the update's
         RowsStep)``, what a peer copy of the shards needs (:mod:`recd.recovery.peer_copy`);
         replaced by the next step."""
-        self.row_log: dict[int, torch.Tensor] | None = None
-        """With :meth:`log_rows` on: local table index -> bool [local rows], the rows updated
-        since the log was last taken (what a delta checkpoint writes)."""
+        self.row_log: dict[int, RowLog] | None = None
+        """With :meth:`log_rows` on: local table index -> the (local) rows updated since the
+        log was last taken (what a delta checkpoint writes)."""
         self.mid_step_hook: Callable[[], None] | None = None
         """Called inside :meth:`step` between the dense update and the tables' (fault
         injection for recovery tests)."""
@@ -309,12 +310,7 @@ class ShardedAdam:
                     name = f"{table.name}[{table.rows[0]}:{table.rows[1]}]"
                     done = capture_.update_rows(*args, hyper=hyper, step=self.step_count, name=name)
                 if self.row_log is not None:
-                    mask = self.row_log.get(i)
-                    if mask is None:
-                        mask = self.row_log[i] = torch.zeros(
-                            table.weight.shape[0], dtype=torch.bool, device=rows.device
-                        )
-                    mask.index_fill_(0, rows, True)
+                    self.row_log.setdefault(i, RowLog()).add(rows)
                 if self.keep_rows_after and not table.replicated:
                     self.rows_after.append((i, rows, done))
         except BaseException:
@@ -555,18 +551,15 @@ class ShardedAdam:
         if self.row_log is None:
             raise RuntimeError("ShardedAdam.delta_blocks: call log_rows() first")
         if not owner:
-            for logged_rows in self.row_log.values():
-                logged_rows.zero_()
+            for table_log in self.row_log.values():
+                table_log.reset()
             self.dense.reset_logged_rows()
             return []
-        logged, self.row_log = self.row_log, {}
         parts: list[DeltaPart] = []
         for i, table in enumerate(self.tables):
-            mask = logged.get(i)
-            if mask is None or (table.replicated and self.rank != 0):
-                continue
-            rows = mask.nonzero().reshape(-1)
-            if not rows.numel():
+            logged = self.row_log.get(i)
+            rows = None if logged is None else logged.take()
+            if rows is None or (table.replicated and self.rank != 0):
                 continue
             m, v = self._table_moments(i)
             width_full = self.layout.spec(table.name).shape[1]

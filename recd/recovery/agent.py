@@ -86,6 +86,10 @@ class AgentConfig:
     """How a survivor takes back an update (``copy`` or ``inverse``: recd.recovery.undo)."""
     peer_copy: bool = False
     """Every rank keeps a copy of its ring predecessor's table shards (exact recovery)."""
+    steps: int | None = None
+    """The job's ``train.steps``: a worker that dies once every step is done (while the
+    others write the last checkpoint and exit) is not replaced by a survivor recovery, which
+    would wait for peers that are gone; the restart finds the steps done."""
 
 
 @dataclass(slots=True)
@@ -94,6 +98,9 @@ class _Job:
     generation: int = 0
     recovering: int | None = None
     """The generation being recovered into (None: no recovery under way)."""
+    attempt_started: bool = False
+    """Every rank of the current attempt completed a step: a survivor recovery needs
+    survivors that are training, not still starting up."""
     restarts: int = 0
     spares: int = 0
 
@@ -245,9 +252,12 @@ class _Agent:
         while True:
             time.sleep(_POLL_S)
             job = self.job
-            if not started and self.store.add(self._key("first_step"), 0) >= n:
-                started = True  # every rank of the first attempt completed a step
-                append_event(self.events, "started", rank=-1, attempt=job.attempt)
+            first_steps = 0 if job.attempt_started else self.store.add(self._key("first_step"), 0)
+            if not job.attempt_started and job.generation == 0 and first_steps >= n:
+                job.attempt_started = True  # every rank of this attempt completed a step
+                if not started:
+                    started = True
+                    append_event(self.events, "started", rank=-1, attempt=job.attempt)
             if self.spare is None and started and job.recovering is None:
                 self.start_spare(idle=True)  # the spare was used (or died): the next one
             if job.recovering is not None:
@@ -282,7 +292,18 @@ class _Agent:
         if code == 2 and job.recovering is None:
             log.error("rank %d failed with exit code 2 (bad input): the job stops", rank)
             return 2
+        survivable = job.attempt_started and not self._all_steps_done()
         if killed and job.recovering is None and not self.done and self.config.survivor:
+            if not survivable:
+                log.warning(
+                    "rank %d died (%s) %s: restarting instead of a survivor recovery",
+                    rank,
+                    what,
+                    "before its group's first step"
+                    if not job.attempt_started
+                    else "after the last step",
+                )
+                return self._restart(rank, code, f"rank {rank} failed ({what})")
             log.warning(
                 "rank %d died (%s): survivor recovery (generation %d)",
                 rank,
@@ -301,6 +322,11 @@ class _Agent:
             else f"rank {rank} failed ({what})"
             + (": survivor recovery impossible" if code == EXIT_FALLBACK else "")
         )
+        return self._restart(rank, code, reason)
+
+    def _restart(self, rank: int, code: int, reason: str) -> int | None:
+        """Restart every worker from the newest checkpoint (or stop: no restarts left)."""
+        job = self.job
         if job.restarts >= self.config.max_restarts:
             log.error(
                 "%s; no restarts left (--max-restarts %d): the job stops",
@@ -315,9 +341,22 @@ class _Agent:
         job.attempt += 1
         job.generation = 0
         job.recovering = None
+        job.attempt_started = False
         self.done.clear()
         self.start_group()
         return None
+
+    def _all_steps_done(self) -> bool:
+        """Every step of the job is in ``.loss.json`` (the workers are finishing up)."""
+        if self.config.steps is None:
+            return False
+        from recd.checkpoint.sidecars import read_loss_history
+
+        try:
+            history = read_loss_history(self.config.checkpoint_dir)
+        except Exception:  # an unreadable history: not a reason to change routes
+            return False
+        return int(max(history.steps, default=0)) >= self.config.steps
 
     def _record_restart(self, rank: int, code: int, reason: str) -> None:
         """The elastic restart in the audit trail and in ``.loss.json``."""

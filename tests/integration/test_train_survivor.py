@@ -305,6 +305,26 @@ def test_the_elastic_route_restarts_every_worker_from_the_newest_checkpoint(
     assert split["load"] is None and split["total"] > split["first_step"] > 0
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_worker_killed_before_its_group_trained_a_step_restarts_the_group(
+    tmp_path: Path, table: Path, reference: Path
+) -> None:
+    # Rank 1 dies inside the first step: its peer is not training yet (still starting up),
+    # so there is no survivor to recover with; the group restarts (before, a survivor
+    # recovery waited out its timeouts).
+    config = _config(tmp_path, table, "run")
+    kills = "0:1:1:forward"
+    proc = _train(config, "--recovery", "survivor", "--max-restarts", "2", kills=kills)
+    run_dir = tmp_path / "run"
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert [r["route"] for r in _records(run_dir)] == ["restart"]
+    assert "before its group's first step" in proc.stderr
+    _assert_history_complete(run_dir)
+    final = f"step_{STEPS:06d}.bin"
+    assert (run_dir / final).read_bytes() == (reference / final).read_bytes()
+
+
 def test_survivor_recovery_needs_several_processes(tmp_path: Path, table: Path) -> None:
     proc = _train(_config(tmp_path, table, "run"), "--recovery", "survivor", "--nproc", "1")
     assert proc.returncode == 2
