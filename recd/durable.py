@@ -16,7 +16,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -114,24 +114,41 @@ def sha256_file(path: str | os.PathLike[str], *, chunk_bytes: int = 16 << 20) ->
     return digest.hexdigest()
 
 
+def copy_bytes(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    each: Callable[[bytes], object] | None = None,
+    durable: bool = False,
+) -> str:
+    """Copy ``src`` into ``dst`` (created or truncated; no rename) in 16 MiB chunks, handing
+    each chunk to ``each`` too (e.g. a checksum); fsync it with ``durable``. Returns the
+    sha256 of the bytes copied."""
+    digest = hashlib.sha256()
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        while chunk := fin.read(16 << 20):
+            digest.update(chunk)
+            if each is not None:
+                each(chunk)
+            fout.write(chunk)
+        if durable:
+            fout.flush()
+            os.fsync(fout.fileno())
+    return digest.hexdigest()
+
+
 def copy_file_atomic(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> str:
     """Copy ``src`` to ``dst`` atomically and durably; returns the sha256 of the bytes copied."""
     final = Path(dst)
     tmp = temp_path_for(final)
-    digest = hashlib.sha256()
     try:
-        with open(src, "rb") as fin, open(tmp, "wb") as fout:
-            while chunk := fin.read(16 << 20):
-                digest.update(chunk)
-                fout.write(chunk)
-            fout.flush()
-            os.fsync(fout.fileno())
+        sha256 = copy_bytes(src, tmp, durable=True)
         os.replace(tmp, final)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     fsync_directory(final.parent)
-    return digest.hexdigest()
+    return sha256
 
 
 @contextlib.contextmanager

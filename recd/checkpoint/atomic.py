@@ -32,7 +32,6 @@ its CRC is in its header) and ``materialize_checkpoint`` turns a chain into a fu
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -68,6 +67,7 @@ from recd.checkpoint.format import (
     write_all,
 )
 from recd.durable import (
+    copy_bytes,
     is_temp_name,
     replace_durably,
     temp_path_for,
@@ -190,13 +190,8 @@ def copy_checkpoint(
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path_for(final)
     stream = ChecksumStream(header.n_params)
-    digest = hashlib.sha256()
     try:
-        with open(source, "rb") as fin, open(tmp, "wb") as fout:
-            while chunk := fin.read(16 << 20):
-                stream.update(chunk)
-                digest.update(chunk)
-                fout.write(chunk)
+        sha256 = copy_bytes(source, tmp, each=stream.update)
         checksum = stream.result()
         if expected is not None:
             verify_checksum(source, computed=checksum)
@@ -208,7 +203,7 @@ def copy_checkpoint(
         tmp.unlink(missing_ok=True)
         raise
     verify_checksum(final)  # the copy as it landed on disk
-    return checksum, digest.hexdigest()
+    return checksum, sha256
 
 
 def _copy_delta(source: Path, final: Path, layout: ParamLayout | None) -> str:
@@ -216,12 +211,8 @@ def _copy_delta(source: Path, final: Path, layout: ParamLayout | None) -> str:
     blocks, CRC, the final name's step, n_params against ``layout``), then renamed."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path_for(final)
-    digest = hashlib.sha256()
     try:
-        with open(source, "rb") as fin, open(tmp, "wb") as fout:
-            while chunk := fin.read(16 << 20):
-                digest.update(chunk)
-                fout.write(chunk)
+        sha256 = copy_bytes(source, tmp)
         copied = read_delta(tmp, verify=True)  # the bytes as they landed, CRC included
         named = parse_delta_step(final.name)
         if named is not None and named != copied.step:
@@ -240,7 +231,7 @@ def _copy_delta(source: Path, final: Path, layout: ParamLayout | None) -> str:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return digest.hexdigest()
+    return sha256
 
 
 def materialize_checkpoint(

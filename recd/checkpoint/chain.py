@@ -77,11 +77,16 @@ def chain_paths(path: str | os.PathLike[str]) -> list[Path]:
 
 def _deltas(chain: list[Path], *, verify: bool) -> list[Delta]:
     deltas = [read_delta(p, verify=verify) for p in chain[1:]]
-    previous = validate_checkpoint(chain[0]).step
+    base = validate_checkpoint(chain[0])
+    previous = base.step
     for delta in deltas:
         if delta.parent != previous:
             raise CheckpointCorruptError(
                 f"{delta.path}: applies onto step {delta.parent}, the chain is at {previous}"
+            )
+        if delta.n_params != base.n_params:
+            raise CheckpointCorruptError(
+                f"{delta.path}: n_params {delta.n_params:,}, its base has {base.n_params:,}"
             )
         previous = delta.step
     return deltas
@@ -101,11 +106,6 @@ def validate_any(
     if verify:
         verify_checksum(chain[0])
     deltas = _deltas(chain, verify=verify)
-    for delta in deltas:
-        if delta.n_params != header.n_params:
-            raise CheckpointCorruptError(
-                f"{delta.path}: n_params {delta.n_params:,}, its base has {header.n_params:,}"
-            )
     size = sum(p.stat().st_size for p in chain)
     return CheckpointHeader(
         path=Path(path), step=deltas[-1].step, n_params=header.n_params, size_bytes=size
@@ -126,10 +126,6 @@ def read_any(
     regions = [np.array(base.region(r)) for r in ("weights", "adam_m", "adam_v")]
     deltas = _deltas(chain, verify=verify)
     for delta in deltas:
-        if delta.n_params != base.n_params:
-            raise CheckpointCorruptError(
-                f"{delta.path}: n_params {delta.n_params:,}, its base has {base.n_params:,}"
-            )
         delta.apply(regions)
     return Checkpoint(
         path=Path(path),

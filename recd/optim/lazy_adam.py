@@ -214,7 +214,7 @@ class LazyAdam(torch.optim.Optimizer):
         assert self.row_log is not None
         log = self.row_log.get(p)
         if log is None:
-            log = self.row_log[p] = RowLog()
+            log = self.row_log[p] = RowLog(p.shape[0])
         log.add(rows)
 
     def reset_logged_rows(self) -> None:

@@ -310,7 +310,10 @@ class ShardedAdam:
                     name = f"{table.name}[{table.rows[0]}:{table.rows[1]}]"
                     done = capture_.update_rows(*args, hyper=hyper, step=self.step_count, name=name)
                 if self.row_log is not None:
-                    self.row_log.setdefault(i, RowLog()).add(rows)
+                    log = self.row_log.get(i)
+                    if log is None:
+                        log = self.row_log[i] = RowLog(table.weight.shape[0])
+                    log.add(rows)
                 if self.keep_rows_after and not table.replicated:
                     self.rows_after.append((i, rows, done))
         except BaseException:

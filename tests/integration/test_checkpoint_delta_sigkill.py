@@ -13,14 +13,9 @@ the newest one is at least the last step the child reported committed.
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
 
 import numpy as np
 import pytest
@@ -38,6 +33,7 @@ from recd.checkpoint.chain import read_any
 from recd.checkpoint.delta import blocks_for, delta_filename, read_delta_header, write_delta
 from recd.checkpoint.format import ParamLayout
 from recd.durable import is_temp_name
+from tests.integration.test_checkpoint_sigkill import _kill_child
 
 ROWS, WIDTH, DENSE = 40_000, 16, 1_000  # 7.7 MB full, about 0.8 MB per delta
 PERIOD = 10
@@ -93,52 +89,8 @@ def child_main(run_dir: Path, emit: Callable[[str], object]) -> None:
         apply_retention(run_dir, POLICY, layout=LAYOUT)
 
 
-def _start_child(run_dir: Path) -> tuple[int, IO[str]]:
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: never returns into pytest
-        try:
-            os.close(read_fd)
-            child_main(run_dir, lambda line: os.write(write_fd, (line + "\n").encode()))
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(1)
-    os.close(write_fd)
-    return pid, os.fdopen(read_fd, "r")
-
-
-def _kill_child(run_dir: Path, rng: random.Random, on_temp: bool) -> tuple[int, bool]:
-    """Start a child, SIGKILL it; returns (last step it reported committed, killed mid-write)."""
-    pid, out = _start_child(run_dir)
-    try:
-        ready = out.readline()
-        assert ready.startswith("ready"), f"child failed to start: {ready!r}"
-        last = int(ready.split()[1])
-        mid_write = False
-        if on_temp:
-            deadline = time.monotonic() + 5.0
-            while time.monotonic() < deadline:
-                names = os.listdir(run_dir)
-                if any(is_temp_name(n) and ".delta" in n for n in names):
-                    mid_write = True
-                    break
-        else:
-            time.sleep(rng.uniform(0.0, 0.3))
-        os.kill(pid, signal.SIGKILL)
-        _, status = os.waitpid(pid, 0)
-        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
-        for line in out.read().splitlines():
-            if line.startswith("committed"):
-                last = max(last, int(line.split()[1]))
-    finally:
-        out.close()
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
-    return last, mid_write
+def _writing_delta(name: str) -> bool:
+    return is_temp_name(name) and ".delta" in name
 
 
 @pytest.mark.slow
@@ -150,7 +102,9 @@ def test_sigkill_during_delta_writes_leaves_no_unloadable_chain(tmp_path: Path) 
     mid_writes = unloadable = 0
     newest_step = 0
     for trial in range(TRIALS):
-        committed, mid_write = _kill_child(run_dir, rng, on_temp=trial % 2 == 0)
+        committed, mid_write = _kill_child(
+            run_dir, rng, trial % 2 == 0, child_main, writing=_writing_delta, delay_s=0.3
+        )
         mid_writes += mid_write
         for path in list_checkpoints(run_dir):
             try:

@@ -71,7 +71,12 @@ def child_main(run_dir: Path, n_params: int, emit: Callable[[str], object]) -> N
         apply_retention(run_dir, POLICY)
 
 
-def _start_child(run_dir: Path) -> tuple[int, IO[str]]:
+Emit = Callable[[str], object]
+
+
+def _start_child(
+    run_dir: Path, main: Callable[[Path, Emit], None] | None = None
+) -> tuple[int, IO[str]]:
     """Fork a real child process running ``child_main``; returns its pid and its output pipe.
 
     Forking (rather than exec'ing a fresh interpreter) saves ~0.5 s of imports per trial; the
@@ -82,7 +87,11 @@ def _start_child(run_dir: Path) -> tuple[int, IO[str]]:
     if pid == 0:  # child: never returns into pytest
         try:
             os.close(read_fd)
-            child_main(run_dir, N_PARAMS, lambda line: os.write(write_fd, (line + "\n").encode()))
+            emit = lambda line: os.write(write_fd, (line + "\n").encode())  # noqa: E731
+            if main is None:
+                child_main(run_dir, N_PARAMS, emit)
+            else:
+                main(run_dir, emit)
         except BaseException:
             traceback.print_exc()
         finally:
@@ -91,9 +100,19 @@ def _start_child(run_dir: Path) -> tuple[int, IO[str]]:
     return pid, os.fdopen(read_fd, "r")
 
 
-def _kill_child(run_dir: Path, rng: random.Random, on_temp: bool) -> tuple[int, bool]:
-    """Start a child, SIGKILL it; returns (last step it reported committed, killed mid-write)."""
-    pid, out = _start_child(run_dir)
+def _kill_child(
+    run_dir: Path,
+    rng: random.Random,
+    on_temp: bool,
+    main: Callable[[Path, Emit], None] | None = None,
+    *,
+    writing: Callable[[str], bool] = is_temp_name,
+    delay_s: float = 0.25,
+) -> tuple[int, bool]:
+    """Start a child (``child_main`` or ``main``), SIGKILL it the moment a file name that
+    ``writing`` accepts appears (``on_temp``) or after a random delay up to ``delay_s``;
+    returns (last step it reported committed, killed mid-write)."""
+    pid, out = _start_child(run_dir, main)
     try:
         ready = out.readline()
         assert ready.startswith("ready"), f"child failed to start: {ready!r}"
@@ -102,11 +121,11 @@ def _kill_child(run_dir: Path, rng: random.Random, on_temp: bool) -> tuple[int, 
         if on_temp:
             deadline = time.monotonic() + 5.0
             while time.monotonic() < deadline:
-                if any(is_temp_name(name) for name in os.listdir(run_dir)):
+                if any(writing(name) for name in os.listdir(run_dir)):
                     mid_write = True
                     break
         else:
-            time.sleep(rng.uniform(0.0, 0.25))
+            time.sleep(rng.uniform(0.0, delay_s))
         os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
         assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
