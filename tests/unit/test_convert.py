@@ -26,7 +26,7 @@ IDS = pa.list_(pa.int64())
 
 
 def figure5_batch() -> pa.RecordBatch:
-    """The spec's Figure 5 batch (row 1 of a and b filled with ids of our choosing)."""
+    """The RecD paper's Figure 5 batch (row 1 of a and b filled with ids of our choosing)."""
     return pa.record_batch(
         {
             "label": pa.array([0.0, 1.0, 0.0], pa.float32()),

@@ -51,7 +51,7 @@ def grouped_rows(draw: st.DrawFn, max_keys: int = 3, max_rows: int = 12) -> tupl
 
 # ---------------------------------------------------------------------- goldens
 def figure5_group() -> IKJT:
-    """Features c and d of the spec's Figure 5: rows 0 and 1 duplicate in both."""
+    """Features c and d of the RecD paper's Figure 5: rows 0 and 1 duplicate in both."""
     return IKJT(
         keys=["c", "d"],
         values=torch.tensor([7, 8, 11, 9, 12]),

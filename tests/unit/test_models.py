@@ -42,7 +42,7 @@ def _one_thread() -> Iterator[None]:
 
 
 def figure5_batch() -> pa.RecordBatch:
-    """The spec's Figure 5 batch: a plain; b deduplicated; c, d one group."""
+    """The RecD paper's Figure 5 batch: a plain; b deduplicated; c, d one group."""
     return pa.record_batch(
         {
             "label": pa.array([0.0, 1.0, 0.0], pa.float32()),
