@@ -305,25 +305,30 @@ class RowLogTimer:
 
 
 class GatherTimer:
-    """Times ``optimizer.delta_blocks`` (wrapped on the instance): a delta's gather on the
-    training thread (``owner=True``: the touched rows' index_select and the dense copies,
-    the log taken) and a full checkpoint's log restart (``owner=False``)."""
+    """Times ``optimizer.delta_blocks`` (a delta's gather on the training thread: the touched
+    rows' index_select and the dense copies, the log taken) and ``reset_logged_rows`` (a full
+    checkpoint's log restart), both wrapped on the instance; ``calls`` holds (gather?, s)."""
 
     def __init__(self, optimizer: Any) -> None:
         self.calls: list[tuple[bool, float]] = []
         self.gather_s = 0.0
-        inner = optimizer.delta_blocks
+        gather, reset = optimizer.delta_blocks, optimizer.reset_logged_rows
 
-        def timed(layout: Any, *, owner: bool = True) -> Any:
+        def timed_gather(layout: Any) -> Any:
             began = time.perf_counter()
-            out = inner(layout, owner=owner)
+            out = gather(layout)
             took = time.perf_counter() - began
-            self.calls.append((owner, took))
-            if owner:
-                self.gather_s += took
+            self.calls.append((True, took))
+            self.gather_s += took
             return out
 
-        optimizer.delta_blocks = timed
+        def timed_reset() -> None:
+            began = time.perf_counter()
+            reset()
+            self.calls.append((False, time.perf_counter() - began))
+
+        optimizer.delta_blocks = timed_gather
+        optimizer.reset_logged_rows = timed_reset
 
 
 class RawWriter:
@@ -1440,8 +1445,8 @@ def measure_large(size: Size, work: Path, threads: int, full_every: int) -> dict
                 "next_waited_s": waits[k + 1] if k + 1 < len(waits) else None,
             }
         )
-    gather_s = [s for owner, s in gathers if owner]
-    restart_s = [s for owner, s in gathers if not owner][: kinds.count("full")]
+    gather_s = [s for is_gather, s in gathers if is_gather]
+    restart_s = [s for is_gather, s in gathers if not is_gather][: kinds.count("full")]
 
     def med(kind: str, key: str) -> float | None:
         values = [c[key] for c in per_checkpoint if c["kind"] == kind and c[key] is not None]

@@ -82,7 +82,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.recovery import make_table  # noqa: E402
-from benchmarks.train_recovery import ROUTE_OPTIONS, spread, write_config  # noqa: E402
+from benchmarks.train_recovery import (  # noqa: E402
+    ROUTE_OPTIONS,
+    spread,
+    train_command,
+    write_config,
+)
 
 RESULTS = ROOT / "benchmarks" / "results"
 ROUTES = ("survivor", "survivor_peer", "elastic")
@@ -212,21 +217,7 @@ def run_job(
     without a completed step."""
     import psutil
 
-    env = dict(os.environ, PYTHONPATH=str(ROOT), RECD_PROGRESS="0", OMP_NUM_THREADS="1")
-    env.pop("RECD_TEST_KILL", None)
-    command = [
-        sys.executable,
-        "-m",
-        "recd",
-        "train",
-        "--config",
-        str(config),
-        "--nproc",
-        "2",
-        "--run-dir",
-        str(run_dir),
-        *route_options(route, args.max_restarts),
-    ]
+    command, env = train_command(config, run_dir, route_options(route, args.max_restarts))
     rng = random.Random(kill_seed)
     log_path = run_dir.with_suffix(".log")
     load_before = os.getloadavg()

@@ -123,24 +123,21 @@ checkpoint_every = {args.checkpoint_every}
     return path
 
 
-def run_one(config: Path, run_dir: Path, route: str, kill: str | None) -> dict[str, Any]:
+def train_command(
+    config: Path, run_dir: Path, options: list[str], kill: str | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """The ``recd train --nproc 2`` command of a route (``options``) and its environment
+    (one torch thread, no progress bars, ``RECD_TEST_KILL`` only when ``kill`` is given)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), RECD_PROGRESS="0", OMP_NUM_THREADS="1")
     env.pop("RECD_TEST_KILL", None)
     if kill:
         env["RECD_TEST_KILL"] = kill
-    command = [
-        sys.executable,
-        "-m",
-        "recd",
-        "train",
-        "--config",
-        str(config),
-        "--nproc",
-        "2",
-        "--run-dir",
-        str(run_dir),
-        *ROUTE_OPTIONS[route],
-    ]
+    command = [sys.executable, "-m", "recd", "train", "--config", str(config), "--nproc", "2"]
+    return [*command, "--run-dir", str(run_dir), *options], env
+
+
+def run_one(config: Path, run_dir: Path, route: str, kill: str | None) -> dict[str, Any]:
+    command, env = train_command(config, run_dir, ROUTE_OPTIONS[route], kill)
     began = time.perf_counter()
     proc = subprocess.run(
         command, capture_output=True, text=True, env=env, timeout=600, check=False

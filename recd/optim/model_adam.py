@@ -146,14 +146,10 @@ class ModelAdam:
         return True
 
     @torch.no_grad()
-    def delta_blocks(self, layout: ParamLayout, *, owner: bool = True) -> list[DeltaPart]:
+    def delta_blocks(self, layout: ParamLayout) -> list[DeltaPart]:
         """A delta checkpoint's share of this optimizer (and a fresh row log): each embedding
         table's rows updated since the last call, each dense tensor whole, as blocks of the
-        flat ``layout`` with their weights, m and v (CPU float32 copies, row after row).
-        ``owner=False``: take the log only (a rank that does not write these parameters)."""
-        if not owner:
-            self.reset_logged_rows()
-            return []
+        flat ``layout`` with their weights, m and v (CPU float32 copies, row after row)."""
         touched = self.take_logged_rows()
         moments = (self.moments("adam_m"), self.moments("adam_v"))
         parts: list[DeltaPart] = []

@@ -544,20 +544,20 @@ class ShardedAdam:
         self.dense.log_rows()
         return True
 
+    def reset_logged_rows(self) -> None:
+        """Forget the rows logged so far (a full checkpoint was taken)."""
+        for table_log in (self.row_log or {}).values():
+            table_log.reset()
+        self.dense.reset_logged_rows()
+
     @torch.no_grad()
-    def delta_blocks(self, layout: ParamLayout, *, owner: bool = True) -> list[DeltaPart]:
+    def delta_blocks(self, layout: ParamLayout) -> list[DeltaPart]:
         """This rank's share of a delta checkpoint (and fresh row logs): the rows of its table
         blocks updated since the last call (global rows; a column block is narrower than the
         row), and, on rank 0, the unsharded parameters (:meth:`ModelAdam.delta_blocks`).
-        Every rank calls it; ``owner=False``: forget the logged rows only (after a full
-        checkpoint); otherwise ownership is per block."""
+        Every rank calls it."""
         if self.row_log is None:
             raise RuntimeError("ShardedAdam.delta_blocks: call log_rows() first")
-        if not owner:
-            for table_log in self.row_log.values():
-                table_log.reset()
-            self.dense.reset_logged_rows()
-            return []
         parts: list[DeltaPart] = []
         for i, table in enumerate(self.tables):
             logged = self.row_log.get(i)
@@ -574,7 +574,10 @@ class ShardedAdam:
                 for s in (table.weight, m, v)
             )
             parts.append((block, values))
-        return parts + self.dense.delta_blocks(layout, owner=self.rank == 0)
+        if self.rank != 0:  # rank 0 writes the unsharded parameters
+            self.dense.reset_logged_rows()
+            return parts
+        return parts + self.dense.delta_blocks(layout)
 
     def export_local(self) -> tuple[int, list[ParamShard]]:
         """``(step, local_shards(copy=True))``: what a rank writes to a checkpoint."""

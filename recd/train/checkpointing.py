@@ -881,8 +881,7 @@ class Checkpointer:
         """A full checkpoint at ``step``: the next deltas apply onto it, and hold the rows
         updated from here on."""
         if self._logging_rows:
-            assert self._layout is not None
-            optimizer.delta_blocks(self._layout, owner=False)  # a fresh row log
+            optimizer.reset_logged_rows()
             self._chain = (step, step, 0)
 
     def _delta_due(self, reason: str, step: int) -> bool:
