@@ -21,8 +21,9 @@ batch 256, one intra-op thread (``--threads``).
    step: what any writer of these bytes costs here) and one *delta* (what a Checkpointer with
    ``[checkpoint] full_every = F``, ``--full-every``, default 4, writes at that step: its
    checkpoints cycle full, delta, delta, delta, full, ... one per segment, the deltas holding
-   the embedding rows updated in the last 100 steps, gathered on the training thread, and
-   every dense tensor; see ``delta_schedule``). Which trainer plays which role is drawn per
+   the embedding rows updated in the last 100 steps and every dense tensor, the training
+   thread only swapping the row logs at the step, the writer thread merging them and
+   gathering the rows, copy-on-write; see ``delta_schedule``). Which trainer plays which role is drawn per
    segment (``segment_roles``): objects of one config differ slightly in speed,
    persistently, and a fixed role per object made that a bias of the stall. The delta role
    therefore moves between objects: every trainer's Checkpointer has ``full_every = F`` (so
@@ -65,8 +66,9 @@ batch 256, one intra-op thread (``--threads``).
    (target <= 0.01, met by the upper end); ``delta_only_stall_fraction`` over the segments
    whose checkpoint was a delta (the cost of a delta alone) and
    ``delta_role_full_stall_fraction`` over its full ones; ``delta_vs_checkpoint`` (paired:
-   delta role / full checkpoint - 1); the training-thread time of a delta and of its gather
-   alone (``delta_blocked_s_median``, ``delta_gather_s_median``).
+   delta role / full checkpoint - 1); the training-thread time of a delta
+   (``delta_blocked_s_median``) and its copy on the writer thread (``delta_fill_s_median``,
+   of which the row logs' merge ``delta_merge_s_median``).
 2. **Write bandwidth.** ``write_bw_vs_raw`` = bytes / time the writer spent on the checkpoint
    file (temp file, sequential writes, fsync, rename, fsync dir) during training, over bytes /
    time of the raw background writes of the same bytes during training (same directory, same
@@ -83,13 +85,13 @@ batch 256, one intra-op thread (``--threads``).
    (64M parameters, 768 MB full files), ids bounded-Zipf (exponent 1.1) from a catalogue the
    benchmark writes (``LARGE_CATALOGUE``); one trainer with ``full_every = F`` checkpointing
    every 100 steps, 16 checkpoints, every file kept: bytes full vs delta (target <= 1/10),
-   the touched fraction, the training thread's time per delta (and its gather) vs per full
-   checkpoint, the next checkpoint's wait for a full / a delta write, and a chain check.
+   the touched fraction, the training thread's time per delta vs per full checkpoint, the
+   writer thread's copy of a delta, the next checkpoint's wait for a full / a delta write, and a chain check.
    The stall rig is not run at this size (4 x 1.5 GB of state and a 768 MB full + raw write
    per segment): bytes and training-thread times instead (``large.stall`` says so).
 6. **Row logging** (``stall.row_log``; ``large.row_log``): the time inside the optimizer's
-   touched-row logging (``LazyAdam._log_rows`` at every step and table, ``take_logged_rows``
-   at every checkpoint), timed in the step by wrapping them on the instance, over the *off*
+   touched-row logging on the training thread (``LazyAdam._log_rows`` at every step and
+   table, the log's restart at every checkpoint: a swap), timed in the step by wrapping them on the instance, over the *off*
    segments' wall time (the step time), with the stall's paired interval over segments
    (``row_log_fraction``, target <= 0.005).
 
@@ -271,21 +273,23 @@ def delta_schedule(segments: int, every: int, full_every: int) -> list[tuple[int
 
 
 class RowLogTimer:
-    """Times the optimizer's touched-row logging on one trainer: every call of
-    ``LazyAdam._log_rows`` (``mask[rows] = True``, once per table per step) and of
-    ``LazyAdam.take_logged_rows`` (nonzero + zero_ of the masks, once per checkpoint), by
-    wrapping them on the instance. The timer's own two ``perf_counter`` calls fall inside
-    what it measures (an overestimate of ~0.1 us per call)."""
+    """Times the optimizer's touched-row logging on the training thread of one trainer:
+    every call of ``LazyAdam._log_rows`` (a reference to the step's rows kept, once per table
+    per step) and the restart of the log at each checkpoint (``LazyAdam.reset_logged_rows``
+    for a full file and in the *off* and *raw* roles, ``LazyAdam.detach_row_logs`` for a
+    delta: both swap in an empty log), by wrapping them on the instance. The timer's own two
+    ``perf_counter`` calls fall inside what it measures (an overestimate of ~0.1 us per
+    call). The merge of a delta's logged rows runs on the writer thread (:class:`FillTimer`)."""
 
     def __init__(self, optimizer: Any) -> None:
         self.log_s = 0.0
         self.log_calls = 0
-        self.take_s = 0.0
-        self.take_calls = 0
+        self.restart_s = 0.0
+        self.restarts: list[float] = []
         lazy = optimizer.embeddings
         if lazy is None or not hasattr(lazy, "_log_rows"):
             raise RuntimeError("RowLogTimer: the optimizer has no LazyAdam row log")
-        log_rows, take = lazy._log_rows, lazy.take_logged_rows
+        log_rows, reset, detach = lazy._log_rows, lazy.reset_logged_rows, lazy.detach_row_logs
 
         def timed_log(p: Any, rows: Any) -> None:
             began = time.perf_counter()
@@ -293,42 +297,46 @@ class RowLogTimer:
             self.log_s += time.perf_counter() - began
             self.log_calls += 1
 
-        def timed_take() -> Any:
-            began = time.perf_counter()
-            taken = take()
-            self.take_s += time.perf_counter() - began
-            self.take_calls += 1
-            return taken
+        def timed(restart: Any) -> Any:
+            def run() -> Any:
+                began = time.perf_counter()
+                out = restart()
+                took = time.perf_counter() - began
+                self.restart_s += took
+                self.restarts.append(took)
+                return out
+
+            return run
 
         lazy._log_rows = timed_log
-        lazy.take_logged_rows = timed_take
+        lazy.reset_logged_rows = timed(reset)
+        lazy.detach_row_logs = timed(detach)
 
 
-class GatherTimer:
-    """Times ``optimizer.delta_blocks`` (a delta's gather on the training thread: the touched
-    rows' index_select and the dense copies, the log taken) and ``reset_logged_rows`` (a full
-    checkpoint's log restart), both wrapped on the instance; ``calls`` holds (gather?, s)."""
+class FillTimer:
+    """Times a delta's copy on the writer thread (``Checkpointer._fill`` wrapped on the
+    instance: the dense copy, the merge of the detached row logs, the gather of the updated
+    rows, the copy-on-write patches); ``fills`` holds per delta its seconds and the merge's
+    and the gather's parts (:class:`recd.train.snapshot.DeltaFill`'s own timers)."""
 
-    def __init__(self, optimizer: Any) -> None:
-        self.calls: list[tuple[bool, float]] = []
-        self.gather_s = 0.0
-        gather, reset = optimizer.delta_blocks, optimizer.reset_logged_rows
+    def __init__(self, checkpointer: Any) -> None:
+        self.fills: list[dict[str, float]] = []
+        self.fill_s = 0.0
+        self.merge_s = 0.0
+        fill = checkpointer._fill
 
-        def timed_gather(layout: Any) -> Any:
+        def timed_fill(snapshot: Any, *args: Any) -> None:
             began = time.perf_counter()
-            out = gather(layout)
+            fill(snapshot, *args)
             took = time.perf_counter() - began
-            self.calls.append((True, took))
-            self.gather_s += took
-            return out
+            delta = snapshot.delta
+            if delta is not None and delta.fill is not None:
+                plan = delta.fill
+                self.fills.append({"s": took, "merge_s": plan.merge_s, "gather_s": plan.gather_s})
+                self.fill_s += took
+                self.merge_s += plan.merge_s
 
-        def timed_reset() -> None:
-            began = time.perf_counter()
-            reset()
-            self.calls.append((False, time.perf_counter() - began))
-
-        optimizer.delta_blocks = timed_gather
-        optimizer.reset_logged_rows = timed_reset
+        checkpointer._fill = timed_fill
 
 
 class RawWriter:
@@ -365,7 +373,7 @@ class RoleHook:
     (step ``i * every``) it does what the trainer's role in segment i asks for: a real full
     checkpoint (``Checkpointer.save``, as at a periodic step), a raw write, or the *delta*
     role's checkpoint of that segment (``chains[i]``: full, or a delta extending the role's
-    chain); *off* and *raw* restart the row log there (``take_logged_rows``; a save does it
+    chain); *off* and *raw* restart the row log there (``reset_logged_rows``; a save does it
     itself), so in every trainer the log holds the rows of the last ``every`` steps, which
     the delta role's next delta writes, whichever trainer plays it."""
 
@@ -393,7 +401,7 @@ class RoleHook:
             self.checkpointer._chain = self.chains[segment] if role == "delta" else None
             self.checkpointer.save(trainer, reason="periodic")
         else:
-            trainer.optimizer.take_logged_rows()
+            trainer.optimizer.reset_logged_rows()
             if role == "raw":
                 self.raw.start()
 
@@ -466,7 +474,7 @@ class StallRig:
     every: int
     steppers: list[Stepper] = field(default_factory=list)
     row_logs: list[RowLogTimer] = field(default_factory=list)
-    gathers: list[GatherTimer] = field(default_factory=list)
+    fills: list[FillTimer] = field(default_factory=list)
     delta_files: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -535,7 +543,7 @@ def build_rig(
         rig.raws.append(raw)
         rig.steppers.append(Stepper(trainer))
         rig.row_logs.append(RowLogTimer(trainer.optimizer))
-        rig.gathers.append(GatherTimer(trainer.optimizer))
+        rig.fills.append(FillTimer(checkpointer))
     return rig
 
 
@@ -549,8 +557,8 @@ def run_round(rig: StallRig, index: int, end_step: int) -> dict[str, float]:
     cpu_began = time.thread_time()
     blocked_began = checkpointer.stats.blocked_s
     hook_began = stepper.hook_s
-    log_began, take_began = row_log.log_s, row_log.take_s
-    gather_began = rig.gathers[index].gather_s
+    log_began, restart_began = row_log.log_s, row_log.restart_s
+    fill_began, merge_began = rig.fills[index].fill_s, rig.fills[index].merge_s
     stepper.run_to(end_step)
     checkpointer.wait()
     rig.raws[index].wait()
@@ -560,8 +568,9 @@ def run_round(rig: StallRig, index: int, end_step: int) -> dict[str, float]:
         "blocked_s": checkpointer.stats.blocked_s - blocked_began,
         "hook_s": stepper.hook_s - hook_began,
         "row_log_s": row_log.log_s - log_began,
-        "row_log_take_s": row_log.take_s - take_began,
-        "gather_s": rig.gathers[index].gather_s - gather_began,
+        "row_log_restart_s": row_log.restart_s - restart_began,
+        "fill_s": rig.fills[index].fill_s - fill_began,
+        "merge_s": rig.fills[index].merge_s - merge_began,
     }
 
 
@@ -580,8 +589,9 @@ def run_segments(rig: StallRig, size: Size, orders: list[list[list[str]]]) -> li
             "blocked_s",
             "hook_s",
             "row_log_s",
-            "row_log_take_s",
-            "gather_s",
+            "row_log_restart_s",
+            "fill_s",
+            "merge_s",
         )
         totals = {k: dict.fromkeys(keys, 0.0) for k in KINDS}
         rounds: dict[str, list[float]] = {k: [] for k in KINDS}
@@ -903,7 +913,8 @@ def summarise_delta(segments: list[dict[str, Any]], every: int) -> dict[str, Any
         which: [r["delta"]["blocked_s"] for r in runs if r["delta"]["checkpoint_kind"] == which]
         for which in ("delta", "full")
     }
-    gathers = [r["delta"]["gather_s"] for r in runs if r["delta"]["checkpoint_kind"] == "delta"]
+    fills = [r["delta"]["fill_s"] for r in runs if r["delta"]["checkpoint_kind"] == "delta"]
+    merges = [r["delta"]["merge_s"] for r in runs if r["delta"]["checkpoint_kind"] == "delta"]
     cpu_off = sum(r["off"]["train_thread_cpu_s"] for r in runs)
     off_total = sum(walls("off"))
 
@@ -934,7 +945,8 @@ def summarise_delta(segments: list[dict[str, Any]], every: int) -> dict[str, Any
         "delta_ms_per_checkpoint": ms_per("delta", None),
         "delta_only_ms_per_checkpoint": ms_per("delta", "delta"),
         "delta_blocked_s_median": statistics.median(blocked["delta"]) if blocked["delta"] else None,
-        "delta_gather_s_median": statistics.median(gathers) if gathers else None,
+        "delta_fill_s_median": statistics.median(fills) if fills else None,
+        "delta_merge_s_median": statistics.median(merges) if merges else None,
         "delta_role_full_blocked_s_median": (
             statistics.median(blocked["full"]) if blocked["full"] else None
         ),
@@ -951,23 +963,26 @@ def summarise_row_log(
     """What logging the touched rows costs: the time inside the logging calls (timed in the
     step, :class:`RowLogTimer`) over the *off* segments' wall time (training without
     checkpoints: the step time), per-step marks plus the per-checkpoint restart of the log
-    (``take_logged_rows``, which *off* also does at each segment's first step), with the
+    (``reset_logged_rows``, which *off* also does at each segment's first step), with the
     paired interval over segments (treated = off + its logging time)."""
     off = [r for r in segments if r["kind"] == "off"]
     wall = [r["wall_s"] for r in off]
-    logged = [r["row_log_s"] + r["row_log_take_s"] for r in off]
+    logged = [r["row_log_s"] + r["row_log_restart_s"] for r in off]
     total = paired_ratio_interval(wall, [w + x for w, x in zip(wall, logged, strict=True)])
     marks = paired_ratio_interval(
         wall, [w + r["row_log_s"] for w, r in zip(wall, off, strict=True)]
     )
     steps = len(off) * every
     per_segment = [x / w for x, w in zip(logged, wall, strict=True)]
-    everywhere = sum(r["row_log_s"] + r["row_log_take_s"] for r in segments)
+    everywhere = sum(r["row_log_s"] + r["row_log_restart_s"] for r in segments)
+    deltas = [r for r in segments if r.get("checkpoint_kind") == "delta"]
     return {
         "method": "time inside LazyAdam._log_rows (every step, every table) and "
-        "take_logged_rows (once per segment), wrapped with perf_counter on the instance, in "
+        "reset_logged_rows (once per segment), wrapped with perf_counter on the instance, in "
         "the off role's timed segments, over those segments' wall time; interval: "
-        + "paired ratio, as the stall (treated_i = off_i + logging_i)",
+        + "paired ratio, as the stall (treated_i = off_i + logging_i). The merge of the "
+        "logged rows runs on the writer thread at each delta (merge_us_per_delta): its cost "
+        "to training is inside the delta stall",
         "row_log_fraction": total["point"],
         "row_log_fraction_ci95": total["ci95"],
         "row_log_fraction_upper95": total["ci95"][1],
@@ -976,7 +991,10 @@ def summarise_row_log(
         "marks_only_fraction": marks["point"],
         "marks_only_fraction_ci95": marks["ci95"],
         "us_per_step": 1e6 * sum(r["row_log_s"] for r in off) / steps,
-        "take_us_per_checkpoint": 1e6 * sum(r["row_log_take_s"] for r in off) / len(off),
+        "restart_us_per_checkpoint": 1e6 * sum(r["row_log_restart_s"] for r in off) / len(off),
+        "merge_us_per_delta": (
+            1e6 * sum(r["merge_s"] for r in deltas) / len(deltas) if deltas else None
+        ),
         "step_s": sum(wall) / steps,
         "all_roles_fraction": everywhere / sum(r["wall_s"] for r in segments),
         "log_calls_total": sum(t.log_calls for t in timers),
@@ -1373,7 +1391,7 @@ def measure_large(size: Size, work: Path, threads: int, full_every: int) -> dict
     trainer.hooks += [probe, checkpointer]
     row_log = RowLogTimer(trainer.optimizer)
     optimizer = trainer.optimizer
-    gathers = GatherTimer(optimizer).calls
+    fills = FillTimer(checkpointer).fills
     stepper = Stepper(trainer)
     layout = checkpointer.layout
     tables = table_sizes(layout, optimizer)
@@ -1387,7 +1405,8 @@ def measure_large(size: Size, work: Path, threads: int, full_every: int) -> dict
         loop_s = time.perf_counter() - began
         probe.mark(last)  # closes the last interval (its own counters only)
         hooks_s = stepper.hook_s
-        logged = {"log_s": row_log.log_s, "take_s": row_log.take_s}
+        logged = {"log_s": row_log.log_s, "restart_s": row_log.restart_s}
+        restarts = list(row_log.restarts)
         kinds = ["delta" if s.endswith(".delta") else "full" for s in names_by_step(run_dir)]
         checkpointer._chain = None
         checkpointer.save(trainer, reason="requested")  # the same step, full: the reference
@@ -1445,8 +1464,8 @@ def measure_large(size: Size, work: Path, threads: int, full_every: int) -> dict
                 "next_waited_s": waits[k + 1] if k + 1 < len(waits) else None,
             }
         )
-    gather_s = [s for is_gather, s in gathers if is_gather]
-    restart_s = [s for is_gather, s in gathers if not is_gather][: kinds.count("full")]
+    fill_s = [f["s"] for f in fills]
+    merge_s = [f["merge_s"] for f in fills]
 
     def med(kind: str, key: str) -> float | None:
         values = [c[key] for c in per_checkpoint if c["kind"] == kind and c[key] is not None]
@@ -1472,12 +1491,10 @@ def measure_large(size: Size, work: Path, threads: int, full_every: int) -> dict
         "delta_bytes_target_met": (bytes_figures.get("delta_bytes_ratio") or math.inf)
         <= TARGET_LARGE_DELTA_BYTES,
         "train_thread": {
-            "delta_gather_s": gather_s,
-            "delta_gather_s_median": statistics.median(gather_s) if gather_s else None,
+            "log_restart_s_median": statistics.median(restarts) if restarts else None,
             "delta_checkpoint_s_median": med("delta", "train_thread_s"),
             "full_checkpoint_s_median": med("full", "train_thread_s"),
             "full_guard_wait_s_median": med("full", "guard_wait_s"),
-            "full_log_restart_s_median": statistics.median(restart_s) if restart_s else None,
             "next_checkpoint_waited_s": {
                 kind: [
                     c["next_waited_s"]
@@ -1487,6 +1504,11 @@ def measure_large(size: Size, work: Path, threads: int, full_every: int) -> dict
                 for kind in ("full", "delta")
             },
         },
+        "writer_thread": {
+            "delta_fill_s": fill_s,
+            "delta_fill_s_median": statistics.median(fill_s) if fill_s else None,
+            "delta_merge_s_median": statistics.median(merge_s) if merge_s else None,
+        },
         "interval_wall_s_median": {
             "after_full": med("full", "interval_wall_s"),
             "after_delta": med("delta", "interval_wall_s"),
@@ -1495,13 +1517,15 @@ def measure_large(size: Size, work: Path, threads: int, full_every: int) -> dict
         "files": files,
         "chain_check": chain_check,
         "row_log": {
-            "method": "time inside LazyAdam._log_rows (every step, every table) and "
-            "take_logged_rows (once per checkpoint), wrapped with perf_counter on the "
-            "instance, over the training loop's wall time (checkpoints included)",
-            "row_log_fraction": (logged["log_s"] + logged["take_s"]) / loop_s,
+            "method": "time inside LazyAdam._log_rows (every step, every table) and the log's "
+            "restart (reset_logged_rows / detach_row_logs, once per checkpoint), wrapped with "
+            "perf_counter on the instance, over the training loop's wall time (checkpoints "
+            "included); the merge of a delta's rows runs on the writer thread "
+            "(writer_thread.delta_merge_s_median)",
+            "row_log_fraction": (logged["log_s"] + logged["restart_s"]) / loop_s,
             "marks_only_fraction": logged["log_s"] / loop_s,
             "us_per_step": 1e6 * logged["log_s"] / steps,
-            "take_us_per_checkpoint": 1e6 * logged["take_s"] / max(1, len(per_checkpoint)),
+            "restart_us_per_checkpoint": 1e6 * logged["restart_s"] / max(1, len(per_checkpoint)),
             "hooks_fraction": hooks_s / loop_s,
             "target": TARGET_ROW_LOG,
         },
@@ -1542,9 +1566,10 @@ def run_large(args: argparse.Namespace, work: Path, command: str) -> dict[str, A
             "the chain check, not counted)",
             "train_thread": "per checkpoint: the Checkpointer's blocked time from its save "
             "to the next save (its own snapshot work: audit, reader state, the delta's "
-            "gather or the full file's copy plan, and the copy-on-write waits of the steps "
-            "after it) minus its wait for the previous write (listed apart); the delta's "
-            "gather (optimizer.delta_blocks) also timed alone",
+            "row-log swap and dense copy plan or the full file's copy plan, and the "
+            "copy-on-write waits of the steps after it) minus its wait for the previous write "
+            "(listed apart); the delta's copy on the writer thread (merge of the row logs, "
+            "gather of the rows) timed apart (writer_thread)",
             "touched_fraction": "rows a delta holds / the table's rows: the rows Adam "
             f"updated in the {size.every} steps it covers",
             "stall": large["stall"],
@@ -1569,7 +1594,7 @@ def run_large(args: argparse.Namespace, work: Path, command: str) -> dict[str, A
 
 def markdown_large(r: dict[str, Any]) -> str:
     g = r["large"]
-    b, tt, rl = g["bytes"], g["train_thread"], g["row_log"]
+    b, tt, wt, rl = g["bytes"], g["train_thread"], g["writer_thread"], g["row_log"]
     per_table = ", ".join(
         f"{name.split('.')[-2] if '.' in name else name} {frac:.4f}"
         for name, frac in b["touched_fraction_per_table"].items()
@@ -1597,9 +1622,11 @@ def markdown_large(r: dict[str, Any]) -> str:
         f"| touched fraction per interval (rows updated / all rows) | overall "
         f"{b['touched_fraction']:.4f} (range {b['touched_fraction_range'][0]:.4f} .. "
         f"{b['touched_fraction_range'][1]:.4f}); per table: {per_table} |",
-        f"| training thread per checkpoint: delta (gather alone) / full (snapshot incl. "
-        f"copy-on-write waits) | {ms(tt['delta_checkpoint_s_median'])} "
-        f"({ms(tt['delta_gather_s_median'])}) / {ms(tt['full_checkpoint_s_median'])} |",
+        f"| training thread per checkpoint: delta / full (snapshot incl. copy-on-write "
+        f"waits) | {ms(tt['delta_checkpoint_s_median'])} / "
+        f"{ms(tt['full_checkpoint_s_median'])} |",
+        f"| writer thread per delta: its copy (of which the row logs' merge) | "
+        f"{ms(wt['delta_fill_s_median'])} ({ms(wt['delta_merge_s_median'])}) |",
         f"| the next checkpoint's wait for this one's write (median): full / delta | "
         f"{ms(statistics.median(waits['full']) if waits['full'] else None)} / "
         f"{ms(statistics.median(waits['delta']) if waits['delta'] else None)} |",
@@ -1608,7 +1635,7 @@ def markdown_large(r: dict[str, Any]) -> str:
         f"{g['interval_wall_s_median']['after_delta']:.2f} s |",
         f"| row logging / training time (target <= {TARGET_ROW_LOG}) | "
         f"{rl['row_log_fraction']:.5f} ({rl['us_per_step']:.1f} us per step + "
-        f"{rl['take_us_per_checkpoint']:.0f} us per checkpoint) |",
+        f"{rl['restart_us_per_checkpoint']:.0f} us per checkpoint; the merge: writer thread) |",
         f"| chain check: step {chain['step']} restored through "
         f"{len(chain['links'] or [])} files vs a full file | max abs diff "
         f"{chain['max_abs_diff']} |",
@@ -1733,7 +1760,8 @@ def protocol(
         "row_logging": "every trainer's optimizer logs the rows it updates at every step "
         "(Checkpointer with full_every > 1: any trainer may play delta next), off, checkpoint "
         "and raw included, and restarts its log at each segment's first step (a save does it "
-        "itself; off and raw call take_logged_rows), so the log holds the last segment's rows "
+        "itself; off and raw call reset_logged_rows: a swap, as a save's), so the log holds "
+        "the last segment's rows "
         "and its cost is the same in every role (it cancels from the stalls; measured apart: "
         "row_log)",
         "row_log_method": stall["row_log"]["method"],
@@ -1907,10 +1935,10 @@ def delta_rows_markdown(r: dict[str, Any]) -> list[str]:
         f"| training time lost per delta-role checkpoint: all / deltas only (mean) | "
         f"{signed_ms(s['delta_ms_per_checkpoint'])} / "
         f"{signed_ms(s['delta_only_ms_per_checkpoint'])} |",
-        f"| training-thread time per delta-role checkpoint: a delta (its gather alone: "
-        f"index_select of the updated rows + dense copies) / a full one (median) | "
-        f"{ms(s['delta_blocked_s_median'])} ({ms(s['delta_gather_s_median'])}) / "
-        f"{ms(s['delta_role_full_blocked_s_median'])} |",
+        f"| training-thread time per delta-role checkpoint: a delta / a full one (median) | "
+        f"{ms(s['delta_blocked_s_median'])} / {ms(s['delta_role_full_blocked_s_median'])} |",
+        f"| writer-thread copy of a delta (of which the row logs' merge; median) | "
+        f"{ms(s['delta_fill_s_median'])} ({ms(s['delta_merge_s_median'])}) |",
         f"| **delta bytes / full bytes** (mean over {b.get('deltas', 0)} deltas; target <= "
         f"{TARGET_DELTA_BYTES:.2f}) | **{(r['delta_bytes_ratio'] or math.nan):.4f}** "
         f"({bytes_verdict}); {b.get('delta_bytes_mean', math.nan) / 1e6:,.2f} MB vs "
@@ -1922,8 +1950,9 @@ def delta_rows_markdown(r: dict[str, Any]) -> list[str]:
         f"{chain['max_abs_diff']} |",
         f"| **row logging / step time** (target <= {TARGET_ROW_LOG}; timed in the step, off "
         f"segments) | **{rl['row_log_fraction']:.5f}** {fmt_interval(rl['row_log_fraction_ci95'])}; "
-        f"{rl['us_per_step']:.1f} us per step + {rl['take_us_per_checkpoint']:.0f} us per "
-        f"checkpoint; per segment {rl['row_log_fraction_per_segment_range'][0]:.5f} .. "
+        f"{rl['us_per_step']:.1f} us per step + {rl['restart_us_per_checkpoint']:.0f} us per "
+        f"checkpoint (the merge of a delta's rows, on the writer thread: "
+        f"{(rl['merge_us_per_delta'] or math.nan):.0f} us); per segment {rl['row_log_fraction_per_segment_range'][0]:.5f} .. "
         f"{rl['row_log_fraction_per_segment_range'][1]:.5f} |",
     ]
 

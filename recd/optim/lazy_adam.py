@@ -219,8 +219,17 @@ class LazyAdam(torch.optim.Optimizer):
 
     def reset_logged_rows(self) -> None:
         """Forget the rows logged so far (a full checkpoint was taken)."""
-        for log in (self.row_log or {}).values():
-            log.reset()
+        if self.row_log is not None:
+            self.row_log = {}
+
+    def detach_row_logs(self) -> dict[torch.Tensor, RowLog]:
+        """The row logs as they are (each table -> its :class:`RowLog`), fresh empty ones
+        taking the next steps' rows: a dict swap (a delta checkpoint merges the detached
+        logs on another thread)."""
+        if self.row_log is None:
+            raise RuntimeError("LazyAdam.detach_row_logs: call log_rows() first")
+        logs, self.row_log = self.row_log, {}
+        return logs
 
     def take_logged_rows(self) -> dict[torch.Tensor, torch.Tensor]:
         """Each table's rows updated since the last call (int64, sorted; tables not updated

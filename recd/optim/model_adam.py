@@ -28,6 +28,7 @@ from recd.checkpoint.delta import Block
 from recd.checkpoint.format import ParamLayout
 from recd.optim.config import AdamConfig
 from recd.optim.lazy_adam import LazyAdam, RowUpdate, lazy_adam_update_rows
+from recd.optim.row_log import RowLog
 
 __all__ = ["AdamConfig", "FlatState", "ModelAdam", "embedding_parameter_names"]
 
@@ -173,6 +174,16 @@ class ModelAdam:
         """Forget the rows logged so far (a full checkpoint was taken)."""
         if self.embeddings is not None:
             self.embeddings.reset_logged_rows()
+
+    def detach_row_logs(self) -> dict[str, RowLog]:
+        """Each embedding table's row log as it is (name -> :class:`recd.optim.RowLog`;
+        tables not updated are absent), fresh logs taking the next steps' rows."""
+        if self.embeddings is None:
+            return {}
+        by_param = self.embeddings.detach_row_logs()
+        return {
+            n: by_param[self.params[n]] for n in self.embedding_names if self.params[n] in by_param
+        }
 
     def take_logged_rows(self) -> dict[str, torch.Tensor]:
         """Each embedding table's rows updated since the last call or since :meth:`log_rows`

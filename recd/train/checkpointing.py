@@ -72,7 +72,14 @@ from recd.train.config import TrainConfig
 from recd.train.history import json_safe
 from recd.train.metrics import bce_from_logits, roc_auc
 from recd.train.signals import SignalFlags, StepSignals, agree
-from recd.train.snapshot import FillPieces, RowPatches, SnapshotFill, TableViews, cut_pieces
+from recd.train.snapshot import (
+    DeltaFill,
+    FillPieces,
+    RowPatches,
+    SnapshotFill,
+    TableViews,
+    cut_pieces,
+)
 from recd.train.state import TrainState
 
 if TYPE_CHECKING:
@@ -313,12 +320,20 @@ def _write_image(path: Path, image: np.ndarray, size_bytes: int) -> None:
 
 @dataclass(kw_only=True, slots=True)
 class _DeltaImage:
-    """A delta checkpoint's content: this rank's blocks, gathered on the training thread."""
+    """A delta checkpoint's content: this rank's blocks."""
 
     parent: int
     base: int
-    parts: list[DeltaPart]
-    """Blocks with their weights, m and v (copies)."""
+    parts: list[DeltaPart] = field(default_factory=list)
+    """Blocks with their weights, m and v (copies): gathered on the training thread (several
+    processes, a GPU), or by ``fill`` once it has run."""
+    fill: DeltaFill | None = None
+    """One process on the CPU: the copy the writer thread makes (copy-on-write,
+    :class:`recd.train.snapshot.DeltaFill`)."""
+
+    def blocks(self) -> list[DeltaPart]:
+        """The blocks (after the fill, if any)."""
+        return self.parts if self.fill is None else self.fill.parts()
 
     @staticmethod
     def combine(parts: list[DeltaPart]) -> tuple[list[Block], list[np.ndarray]]:
@@ -765,7 +780,7 @@ class Checkpointer:
         else:
             planned = filled = None
             self._snapshot_fill = None
-            if snapshot.flat is not None:
+            if snapshot.flat is not None or (snapshot.delta and snapshot.delta.fill):
                 planned, filled = threading.Event(), threading.Event()
                 self._guard_parameters(trainer, planned, filled)
 
@@ -784,20 +799,24 @@ class Checkpointer:
         planned: threading.Event | None,
         filled: threading.Event | None,
     ) -> None:
-        """Copy the model and Adam state into the file image; ``planned`` is set once the
-        guarded ``step()`` can take its share (:mod:`recd.train.snapshot`), ``filled`` once
-        the image holds the whole state of the snapshot's step."""
+        """Copy the model and Adam state into the file image (or a delta's blocks);
+        ``planned`` is set once the guarded ``step()`` can take its share
+        (:mod:`recd.train.snapshot`), ``filled`` once the copy holds the whole state of the
+        snapshot's step."""
         try:
-            if snapshot.flat is not None:
+            fill: SnapshotFill | None = None
+            if snapshot.delta is not None:
+                fill = snapshot.delta.fill  # planned on the training thread
+            elif snapshot.flat is not None:
                 assert isinstance(trainer.optimizer, ModelAdam)
                 fill = snapshot.flat.plan_fill(trainer.optimizer, snapshot.step)
-                self._snapshot_fill = fill
-                if planned is not None:
-                    planned.set()
-                if fill is not None:
-                    fill.run()
-                    self.stats.pieces_copied_by_training += fill.dense.copied_by_back
-                    self.stats.rows_saved_by_training += fill.patches.rows_saved
+            self._snapshot_fill = fill
+            if planned is not None:
+                planned.set()
+            if fill is not None:
+                fill.run()
+                self.stats.pieces_copied_by_training += fill.dense.copied_by_back
+                self.stats.rows_saved_by_training += fill.patches.rows_saved
         finally:
             for event in (planned, filled):
                 if event is not None:
@@ -862,8 +881,11 @@ class Checkpointer:
         if self._delta_due(reason, step):
             assert self._chain is not None
             base, parent, deltas = self._chain
-            parts = optimizer.delta_blocks(self._layout)
-            snapshot.delta = _DeltaImage(parent=parent, base=base, parts=parts)
+            snapshot.delta = _DeltaImage(parent=parent, base=base)
+            if isinstance(optimizer, ModelAdam) and trainer.device.type == "cpu":
+                snapshot.delta.fill = DeltaFill.plan(optimizer, self._layout)
+            else:
+                snapshot.delta.parts = optimizer.delta_blocks(self._layout)
             self._chain = (base, step, deltas + 1)
         elif isinstance(optimizer, ModelAdam):
             if self._buffers is None:
@@ -963,7 +985,7 @@ class Checkpointer:
             file_began = time.perf_counter()
             final = self.run_dir / delta_filename(snapshot.step)
             delta = snapshot.delta
-            parts = delta.parts
+            parts = delta.blocks()
             if self._trainer.dist is not None:  # every rank's blocks, in rank order, on rank 0
                 import torch.distributed as dist
 

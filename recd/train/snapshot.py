@@ -15,6 +15,13 @@ Two kinds of parameters, two rules (what :class:`recd.optim.ModelAdam` changes, 
   checkpoint's step) is what remains. A row the bulk copy read while a step was writing it
   is one of those rows, so a torn read never survives.
 
+A **delta checkpoint** (:class:`DeltaFill`) takes the same two rules to a smaller copy: at
+the step boundary the training thread only swaps the optimizer's row logs for fresh ones
+(a dict swap) and plans the dense copy; the writer thread merges the detached logs into each
+table's updated rows, gathers those rows' weights, m and v (``index_select``), and then
+writes the rows the steps handed over meanwhile onto the gathered rows they hit (a row
+updated only after the boundary is not in this delta: the fresh log has it, for the next).
+
 Written by hand: CheckFreq-style snapshotting exists in research code only, and torch's
 distributed checkpoint stages whole tensors (it has no row-level copy-on-write for a lazily
 updated optimizer).
@@ -23,17 +30,27 @@ updated optimizer).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
+from recd.checkpoint.delta import Block
 from recd.errors import CheckpointError
 from recd.optim.lazy_adam import RowsStep, RowUpdate, lazy_adam_update_rows
 
+if TYPE_CHECKING:
+    from recd.checkpoint.format import ParamLayout
+    from recd.optim.model_adam import DeltaPart, ModelAdam
+    from recd.optim.row_log import RowLog
+
 __all__ = [
     "FILL_PIECE_ELEMENTS",
+    "DeltaFill",
+    "DeltaRowPatches",
     "FillPieces",
     "RowPatches",
     "SnapshotFill",
@@ -134,7 +151,7 @@ class RowPatches:
         self._cond = threading.Condition()
         self._closed = False
         self._open_steps = 0
-        self._saved: list[tuple[TableViews, torch.Tensor, TableViews]] = []
+        self._saved: list[tuple[int, torch.Tensor, TableViews]] = []
         self.rows_saved = 0
         """Rows (of any table, counted once per step that saved them) handed over."""
 
@@ -169,8 +186,8 @@ class RowPatches:
             grad_rows: torch.Tensor,
             **kwargs: Any,
         ) -> Any:
-            views = self._tables.get(id(weight))
-            if views is None:
+            key = id(weight)
+            if key not in self._tables:
                 raise CheckpointError(
                     f"snapshot: a table of shape {tuple(weight.shape)} is updated but is not "
                     "in the checkpoint image"
@@ -187,7 +204,7 @@ class RowPatches:
                 )
                 done = inner(weight, exp_avg, exp_avg_sq, rows, grad_rows, **kwargs)
             with self._cond:
-                self._saved.append((views, rows, before))
+                self._saved.append((key, rows, before))
                 self.rows_saved += int(rows.numel())
             return done
 
@@ -201,9 +218,13 @@ class RowPatches:
             self._closed = True
             self._cond.wait_for(lambda: self._open_steps == 0)
             saved, self._saved = self._saved, []
-        for views, rows, before in reversed(saved):
-            for view, values in zip(views, before, strict=True):
-                view.index_copy_(0, rows, values)
+        for key, rows, before in reversed(saved):
+            self._put(key, rows, before)
+
+    def _put(self, key: int, rows: torch.Tensor, before: TableViews) -> None:
+        """Write one step's saved rows of table ``key`` over the copy."""
+        for view, values in zip(self._tables[key], before, strict=True):
+            view.index_copy_(0, rows, values)
 
     def close(self) -> None:
         """Stop recording (nothing is applied); waits for an open step."""
@@ -227,11 +248,15 @@ class SnapshotFill:
         try:
             self.dense.work(from_back=False)
             self.dense.finish()
-            self.tables.work(from_back=False)
-            self.tables.finish()
+            self._copy_tables()
             self.patches.apply()
         finally:
             self.patches.close()
+
+    def _copy_tables(self) -> None:
+        """The tables' bulk copy (while steps hand their old rows over)."""
+        self.tables.work(from_back=False)
+        self.tables.finish()
 
     def guard_step(self, step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """The training thread's ``optimizer.step(*args, **kwargs)`` while this copy is in
@@ -246,3 +271,128 @@ class SnapshotFill:
             return step(*args, update_rows=self.patches.wrap(inner), **kwargs)
         finally:
             self.patches.close_step()
+
+
+class DeltaRowPatches(RowPatches):
+    """:class:`RowPatches` for a delta's gathered rows: a table's copy is its updated rows
+    only (``set_target``, once they are gathered), so a saved row is written at its position
+    among them, and a saved row not among them is skipped (it was first updated after the
+    checkpoint's step: the next delta's)."""
+
+    def __init__(self, tables: set[int]) -> None:
+        super().__init__(dict.fromkeys(tables, ()))  # type: ignore[arg-type]
+        self._targets: dict[int, tuple[torch.Tensor, TableViews]] = {}
+
+    def set_target(self, key: int, rows: torch.Tensor, copies: TableViews) -> None:
+        """Table ``key``'s copy: ``copies`` (R x E each) holds the rows ``rows`` (sorted,
+        unique)."""
+        self._targets[key] = (rows, copies)
+
+    def _put(self, key: int, rows: torch.Tensor, before: TableViews) -> None:
+        target = self._targets.get(key)
+        if target is None:  # nothing of this table in the delta
+            return
+        kept, copies = target
+        at = torch.searchsorted(kept, rows).clamp_(max=kept.numel() - 1)
+        hit = kept.index_select(0, at) == rows
+        at = at[hit]
+        if at.numel() == 0:
+            return
+        for copy, values in zip(copies, before, strict=True):
+            copy.index_copy_(0, at, values[hit])
+
+
+@dataclass(eq=False)
+class _TableGather:
+    """One embedding table of a delta: its detached row log and live tensors."""
+
+    name: str
+    start: int
+    width: int
+    log: RowLog
+    sources: TableViews
+    rows: torch.Tensor | None = None
+    copies: TableViews | None = None
+
+
+@dataclass(eq=False)
+class DeltaFill(SnapshotFill):
+    """The copy of a delta checkpoint (module docstring): dense tensors whole (pieces the
+    training thread may help with), then each table's updated rows, gathered on the writer
+    thread with copy-on-write patches. Build it with :meth:`plan` at the step boundary;
+    :meth:`parts` gives the delta's blocks once :meth:`run` is done."""
+
+    order: list[tuple[str, Block | None, TableViews | _TableGather]] = field(default_factory=list)
+    """Every parameter in checkpoint order: (name, its block, its three copies) for a dense
+    tensor, (name, None, its gather) for a table."""
+
+    @classmethod
+    @torch.no_grad()
+    def plan(cls, optimizer: ModelAdam, layout: ParamLayout) -> DeltaFill:
+        """On the training thread, at the boundary: detach the row logs (fresh ones take the
+        next steps' rows) and plan the dense copies. CPU tensors only."""
+        logs = optimizer.detach_row_logs()
+        moments = (optimizer.moments("adam_m"), optimizer.moments("adam_v"))
+        tables = set(optimizer.embedding_names)
+        order: list[tuple[str, Block | None, TableViews | _TableGather]] = []
+        dense: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for name in optimizer.names:
+            spec, offset = layout.spec(name), layout.offset_of(name)
+            sources = (optimizer.params[name], *(m[name] for m in moments))
+            if name in tables:
+                log = logs.get(name)
+                if log is not None:
+                    width = spec.numel // spec.shape[0]
+                    gather = _TableGather(name, offset, width, log, sources)  # type: ignore[arg-type]
+                    order.append((name, None, gather))
+                continue
+            copies = tuple(torch.empty(spec.numel, dtype=torch.float32) for _ in range(3))
+            for target, source in zip(copies, sources, strict=True):
+                dense.extend(cut_pieces(target, source.detach().reshape(-1)))
+            block = Block(offset, spec.numel, spec.numel, np.zeros(1, np.int32))
+            order.append((name, block, copies))  # type: ignore[arg-type]
+        keys = {id(optimizer.params[name]) for name in tables}
+        return cls(
+            dense=FillPieces(dense),
+            tables=FillPieces([]),
+            patches=DeltaRowPatches(keys),
+            order=order,
+        )
+
+    merge_s: float = 0.0
+    """Writer-thread seconds merging the detached row logs (after :meth:`run`)."""
+    gather_s: float = 0.0
+    """Writer-thread seconds gathering the updated rows' weights, m and v."""
+
+    @torch.no_grad()
+    def _copy_tables(self) -> None:
+        patches = self.patches
+        assert isinstance(patches, DeltaRowPatches)
+        for _, _, item in self.order:
+            if not isinstance(item, _TableGather):
+                continue
+            began = time.perf_counter()
+            item.rows = rows = item.log.take()
+            merged = time.perf_counter()
+            self.merge_s += merged - began
+            if rows is None:
+                continue
+            item.copies = tuple(s.index_select(0, rows) for s in item.sources)  # type: ignore[assignment]
+            patches.set_target(id(item.sources[0]), rows, item.copies)  # type: ignore[arg-type]
+            self.gather_s += time.perf_counter() - merged
+
+    def parts(self) -> list[DeltaPart]:
+        """The delta's blocks and their weights, m and v (after :meth:`run`)."""
+        out: list[DeltaPart] = []
+        for _, block, item in self.order:
+            if isinstance(item, _TableGather):
+                if item.rows is None or item.copies is None:
+                    continue
+                rows = item.rows.numpy().astype(np.int32)
+                block = Block(item.start, item.width, item.width, rows)
+                values = tuple(c.reshape(-1).numpy() for c in item.copies)
+            else:
+                assert block is not None
+                values = tuple(c.numpy() for c in item)
+            out.append((block, values))
+        return out

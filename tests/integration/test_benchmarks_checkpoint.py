@@ -196,8 +196,10 @@ def check_delta_role(result: dict, roles: list[list[str]], table: str) -> None:
     kinds = ["full", "delta", "delta"]
     delta_segments = [s for s in stall["segments"] if s["kind"] == "delta"]
     assert [s["checkpoint_kind"] for s in delta_segments] == kinds
-    for s in stall["segments"]:  # the gather runs for the delta role's deltas only
-        assert (s["gather_s"] > 0) == (s.get("checkpoint_kind") == "delta"), s
+    for s in stall["segments"]:  # the writer-thread copy runs for the delta role's deltas only
+        assert (s["fill_s"] > 0) == (s.get("checkpoint_kind") == "delta"), s
+        assert (s["merge_s"] > 0) == (s.get("checkpoint_kind") == "delta"), s
+        assert s["fill_s"] >= s["merge_s"]
         assert s["row_log_s"] > 0  # every trainer logs rows at every step
     # stall: the same paired interval as the full checkpoint's
     lo, hi = result["delta_stall_fraction_ci95"]
@@ -294,8 +296,9 @@ def test_quick_large_benchmark_writes_consistent_results(tmp_path: Path) -> None
         "step_000140.delta",
         "step_000160.delta",
     ]
-    tt = large["train_thread"]
-    assert len(tt["delta_gather_s"]) == 6 and all(s > 0 for s in tt["delta_gather_s"])
+    tt, wt = large["train_thread"], large["writer_thread"]
+    assert len(wt["delta_fill_s"]) == 6 and all(s > 0 for s in wt["delta_fill_s"])
+    assert 0 < wt["delta_merge_s_median"] < wt["delta_fill_s_median"]
     assert tt["delta_checkpoint_s_median"] > 0 and tt["full_checkpoint_s_median"] > 0
     assert 0 < large["row_log"]["row_log_fraction"] < 0.5
     assert isinstance(large["stall"], str)  # not measured at this size, and says why
