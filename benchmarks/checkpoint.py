@@ -275,9 +275,9 @@ def delta_schedule(segments: int, every: int, full_every: int) -> list[tuple[int
 class RowLogTimer:
     """Times the optimizer's touched-row logging on the training thread of one trainer:
     every call of ``LazyAdam._log_rows`` (a reference to the step's rows kept, once per table
-    per step) and the restart of the log at each checkpoint (``LazyAdam.reset_logged_rows``
-    for a full file and in the *off* and *raw* roles, ``LazyAdam.detach_row_logs`` for a
-    delta: both swap in an empty log), by wrapping them on the instance. The timer's own two
+    per step) and the restart of the log at each checkpoint (``LazyAdam.detach_row_logs``, in
+    every role: it swaps in an empty log; a save's writer thread merges or drops the old
+    one), by wrapping them on the instance. The timer's own two
     ``perf_counter`` calls fall inside what it measures (an overestimate of ~0.1 us per
     call). The merge of a delta's logged rows runs on the writer thread (:class:`FillTimer`)."""
 
@@ -373,8 +373,9 @@ class RoleHook:
     (step ``i * every``) it does what the trainer's role in segment i asks for: a real full
     checkpoint (``Checkpointer.save``, as at a periodic step), a raw write, or the *delta*
     role's checkpoint of that segment (``chains[i]``: full, or a delta extending the role's
-    chain); *off* and *raw* restart the row log there (``reset_logged_rows``; a save does it
-    itself), so in every trainer the log holds the rows of the last ``every`` steps, which
+    chain); *off* and *raw* restart the row log there (``detach_row_logs``, the swap a save
+    makes, the old logs dropped after the segment, untimed, as a save drops them on its
+    writer thread), so in every trainer the log holds the rows of the last ``every`` steps, which
     the delta role's next delta writes, whichever trainer plays it."""
 
     def __init__(
@@ -388,6 +389,9 @@ class RoleHook:
     ) -> None:
         self.roles, self.chains, self.index, self.every = roles, chains, index, every
         self.checkpointer, self.raw = checkpointer, raw
+        self.spent: list[Any] = []
+        """Row logs swapped out by *off* and *raw* (a save hands its own to the writer
+        thread, which drops them there): dropped between segments."""
 
     def after_step(self, trainer: Any, step: int, loss: float) -> None:
         if step % self.every:
@@ -400,8 +404,8 @@ class RoleHook:
             # is the role's.
             self.checkpointer._chain = self.chains[segment] if role == "delta" else None
             self.checkpointer.save(trainer, reason="periodic")
-        else:
-            trainer.optimizer.reset_logged_rows()
+        else:  # swapped out as a save does; dropped after the segment, untimed
+            self.spent.append(trainer.optimizer.detach_row_logs())
             if role == "raw":
                 self.raw.start()
 
@@ -475,6 +479,7 @@ class StallRig:
     steppers: list[Stepper] = field(default_factory=list)
     row_logs: list[RowLogTimer] = field(default_factory=list)
     fills: list[FillTimer] = field(default_factory=list)
+    role_hooks: list[RoleHook] = field(default_factory=list)
     delta_files: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -537,7 +542,9 @@ def build_rig(
         size_bytes = 8 + 12 * checkpointer.layout.n_params
         image = random_image(size_bytes) if image is None else image
         raw = RawWriter(config.train.run_dir, image, size_bytes)
-        trainer.hooks += [checkpointer, RoleHook(roles, chains, index, every, checkpointer, raw)]
+        role_hook = RoleHook(roles, chains, index, every, checkpointer, raw)
+        trainer.hooks += [checkpointer, role_hook]
+        rig.role_hooks.append(role_hook)
         rig.trainers.append(trainer)
         rig.checkpointers.append(checkpointer)
         rig.raws.append(raw)
@@ -620,6 +627,8 @@ def run_segments(rig: StallRig, size: Size, orders: list[list[list[str]]]) -> li
             records.append(record)
         if i > 0:
             collect_delta_file(rig, i)
+            for hook in rig.role_hooks:
+                hook.spent.clear()
     return records
 
 
@@ -963,7 +972,7 @@ def summarise_row_log(
     """What logging the touched rows costs: the time inside the logging calls (timed in the
     step, :class:`RowLogTimer`) over the *off* segments' wall time (training without
     checkpoints: the step time), per-step marks plus the per-checkpoint restart of the log
-    (``reset_logged_rows``, which *off* also does at each segment's first step), with the
+    (``detach_row_logs``, which *off* also does at each segment's first step), with the
     paired interval over segments (treated = off + its logging time)."""
     off = [r for r in segments if r["kind"] == "off"]
     wall = [r["wall_s"] for r in off]
@@ -978,7 +987,7 @@ def summarise_row_log(
     deltas = [r for r in segments if r.get("checkpoint_kind") == "delta"]
     return {
         "method": "time inside LazyAdam._log_rows (every step, every table) and "
-        "reset_logged_rows (once per segment), wrapped with perf_counter on the instance, in "
+        "detach_row_logs (once per segment), wrapped with perf_counter on the instance, in "
         "the off role's timed segments, over those segments' wall time; interval: "
         + "paired ratio, as the stall (treated_i = off_i + logging_i). The merge of the "
         "logged rows runs on the writer thread at each delta (merge_us_per_delta): its cost "
@@ -1518,7 +1527,7 @@ def measure_large(size: Size, work: Path, threads: int, full_every: int) -> dict
         "chain_check": chain_check,
         "row_log": {
             "method": "time inside LazyAdam._log_rows (every step, every table) and the log's "
-            "restart (reset_logged_rows / detach_row_logs, once per checkpoint), wrapped with "
+            "restart (detach_row_logs, once per checkpoint), wrapped with "
             "perf_counter on the instance, over the training loop's wall time (checkpoints "
             "included); the merge of a delta's rows runs on the writer thread "
             "(writer_thread.delta_merge_s_median)",
@@ -1760,8 +1769,9 @@ def protocol(
         "row_logging": "every trainer's optimizer logs the rows it updates at every step "
         "(Checkpointer with full_every > 1: any trainer may play delta next), off, checkpoint "
         "and raw included, and restarts its log at each segment's first step (a save does it "
-        "itself; off and raw call reset_logged_rows: a swap, as a save's), so the log holds "
-        "the last segment's rows "
+        "itself; off and raw swap it out with detach_row_logs as a save does, and the old logs "
+        "are dropped after the segment, untimed, as a save drops them on its writer thread), "
+        "so the log holds the last segment's rows "
         "and its cost is the same in every role (it cancels from the stalls; measured apart: "
         "row_log)",
         "row_log_method": stall["row_log"]["method"],
