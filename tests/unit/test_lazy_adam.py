@@ -368,6 +368,34 @@ def test_state_dict_round_trip_and_load_state() -> None:
         assert _train(other, other_opt, batches[2:]) == expected, restore
 
 
+def test_load_state_keeps_no_reference_to_the_arrays_it_loaded() -> None:
+    """``load_state`` reads the arrays without copying them first (no temporary copy of the
+    whole state); the model and the optimizer must still own their values: overwriting the
+    arrays afterwards changes nothing, and the run trains on exactly as before. A read-only
+    array (a checkpoint memmap) loads too."""
+    batches = _batches(4)
+    model = _model()
+    opt = ModelAdam.for_model(model)
+    _train(model, opt, batches[:2])
+    flat = opt.export_state()
+    expected = _train(model, opt, batches[2:])
+    for writeable in (True, False):
+        torch.manual_seed(7)
+        other = DLRM(model.config)
+        other_opt = ModelAdam.for_model(other)
+        arrays = [np.array(getattr(flat, r)) for r in ("weights", "adam_m", "adam_v")]
+        for array in arrays:
+            array.flags.writeable = writeable
+        weights, adam_m, adam_v = arrays
+        other_opt.load_state(
+            type(flat)(step=flat.step, weights=weights, adam_m=adam_m, adam_v=adam_v)
+        )
+        for array in arrays:
+            array.flags.writeable = True
+            array.fill(np.nan)
+        assert _train(other, other_opt, batches[2:]) == expected, writeable
+
+
 def test_load_moments_rejects_wrong_shapes() -> None:
     model = _model()
     opt = ModelAdam.for_model(model)
