@@ -75,8 +75,8 @@ def chain_paths(path: str | os.PathLike[str]) -> list[Path]:
         links.append(link)
 
 
-def _deltas(chain: list[Path], *, verify: bool) -> list[Delta]:
-    deltas = [read_delta(p, verify=verify) for p in chain[1:]]
+def _deltas(chain: list[Path], *, verify: bool, payload: bool = True) -> list[Delta]:
+    deltas = [read_delta(p, verify=verify, payload=payload) for p in chain[1:]]
     base = validate_checkpoint(chain[0])
     previous = base.step
     for delta in deltas:
@@ -105,7 +105,7 @@ def validate_any(
         return header
     if verify:
         verify_checksum(chain[0])
-    deltas = _deltas(chain, verify=verify)
+    deltas = _deltas(chain, verify=verify, payload=verify)  # links only, unless verifying
     size = sum(p.stat().st_size for p in chain)
     return CheckpointHeader(
         path=Path(path), step=deltas[-1].step, n_params=header.n_params, size_bytes=size

@@ -183,18 +183,26 @@ def write_delta_payload(
     base: int,
     n_params: int,
     blocks: Sequence[Block],
-    payload: Sequence[np.ndarray],
+    payload: Sequence[np.ndarray | Sequence[np.ndarray]],
 ) -> Path:
     """Write a delta whose values are already gathered: ``payload`` = weights, adam_m, adam_v,
-    each float32 [E] in block order (row after row). Atomic and durable."""
+    each float32 [E] in block order (row after row), or each a list of 1-D pieces that
+    together are that array (written one after the other: no concatenated copy). Atomic and
+    durable."""
     check_header_fits(step, n_params)
     if not base <= parent < step:
         raise ValueError(f"a delta needs base <= parent < step, got {base}, {parent}, {step}")
     n_elems = sum(b.n_elems for b in blocks)
-    if len(payload) != 3 or any(np.asarray(p).shape != (n_elems,) for p in payload):
+    regions = [
+        [np.asarray(p)] if isinstance(p, np.ndarray) else [np.asarray(c) for c in p]
+        for p in payload
+    ]
+    if len(regions) != 3 or any(
+        any(c.ndim != 1 for c in r) or sum(c.size for c in r) != n_elems for r in regions
+    ):
         raise ValueError(f"payload: expected 3 arrays of {n_elems} elements")
     arrays = [_table(blocks), *(b.rows.astype(INDEX_DTYPE, copy=False) for b in blocks)]
-    arrays += [np.ascontiguousarray(p, dtype=FLOAT_DTYPE) for p in payload]
+    arrays += [np.ascontiguousarray(c, dtype=FLOAT_DTYPE) for r in regions for c in r]
     parts = [np.ascontiguousarray(a).view(np.uint8).data for a in arrays]
     crc = 0
     for part in parts:
@@ -265,14 +273,31 @@ def read_delta_header(path: str | os.PathLike[str]) -> DeltaHeader:
     return DeltaHeader(path, step, parent, base, n_params, n_blocks, crc)
 
 
-def read_delta(path: str | os.PathLike[str], *, verify: bool = True) -> Delta:
+def read_delta(path: str | os.PathLike[str], *, verify: bool = True, payload: bool = True) -> Delta:
     """Validate (size equation, block bounds, and with ``verify`` the CRC-32) and read a
-    delta. The payload is read into memory (a delta is small by design)."""
+    delta. The payload is read into memory (a delta is small by design).
+
+    ``payload=False`` (no ``verify``): the header, the block table and the rows only, the
+    size taken from the file system; the returned delta's payload is empty. What a check of
+    a chain's links needs, without reading every link's weights (retention does it after
+    every checkpoint)."""
     header = read_delta_header(path)
     path = header.path
-    data = np.fromfile(path, dtype=np.uint8)
-    body = data[HEADER_BYTES:]
     table_bytes = _BLOCK.itemsize * header.n_blocks
+    if payload:
+        data = np.fromfile(path, dtype=np.uint8)
+        size, body = data.size, data[HEADER_BYTES:]
+    elif verify:
+        raise ValueError("read_delta: verify needs the payload")
+    else:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            f.seek(HEADER_BYTES)
+            body = np.frombuffer(f.read(table_bytes), dtype=np.uint8)
+            if body.size == table_bytes:
+                counts = body.view(_BLOCK)["n_rows"]
+                wanted = 4 * int(counts.astype(np.int64).clip(min=0).sum())
+                body = np.frombuffer(body.tobytes() + f.read(wanted), dtype=np.uint8)
     if body.size < table_bytes:
         raise CheckpointCorruptError(f"{path}: truncated delta (block table cut short)")
     table = body[:table_bytes].view(_BLOCK)
@@ -286,9 +311,9 @@ def read_delta(path: str | os.PathLike[str], *, verify: bool = True) -> Delta:
     n_rows = int(table["n_rows"].sum())
     n_elems = int((table["width"].astype(np.int64) * table["n_rows"]).sum())
     expected = HEADER_BYTES + table_bytes + 4 * n_rows + 12 * n_elems
-    if data.size != expected:
+    if size != expected:
         raise CheckpointCorruptError(
-            f"{path}: delta is {data.size} bytes, its header and blocks say {expected}"
+            f"{path}: delta is {size} bytes, its header and blocks say {expected}"
         )
     if verify and zlib.crc32(body.data) != header.crc32:
         raise CheckpointCorruptError(f"{path}: delta checksum does not match (damaged file)")
@@ -306,5 +331,8 @@ def read_delta(path: str | os.PathLike[str], *, verify: bool = True) -> Delta:
         ):
             raise CheckpointCorruptError(f"{path}: a block's rows are out of order or range")
         blocks.append(Block(int(start), int(stride), int(width), rows))
-    payload = body[table_bytes + 4 * n_rows :].view(FLOAT_DTYPE).reshape(3, n_elems)
-    return Delta(path, header.step, header.parent, header.base, header.n_params, blocks, payload)
+    if payload:
+        values = body[table_bytes + 4 * n_rows :].view(FLOAT_DTYPE).reshape(3, n_elems)
+    else:
+        values = np.zeros((3, 0), FLOAT_DTYPE)
+    return Delta(path, header.step, header.parent, header.base, header.n_params, blocks, values)

@@ -336,13 +336,11 @@ class _DeltaImage:
         return self.parts if self.fill is None else self.fill.parts()
 
     @staticmethod
-    def combine(parts: list[DeltaPart]) -> tuple[list[Block], list[np.ndarray]]:
-        """The blocks and the three payload arrays of a delta file."""
+    def combine(parts: list[DeltaPart]) -> tuple[list[Block], list[list[np.ndarray]]]:
+        """The blocks and the three payload regions of a delta file (each a list of the
+        blocks' values, written one after the other)."""
         blocks = [block for block, _ in parts]
-        payload = [
-            np.concatenate([values[r] for _, values in parts]) if parts else np.zeros(0, np.float32)
-            for r in range(3)
-        ]
+        payload = [[values[r] for _, values in parts] for r in range(3)]
         return blocks, payload
 
 

@@ -62,3 +62,4 @@ def test_quick_peer_copy_run_is_bit_exact_and_reported(tmp_path: Path) -> None:
     assert cell["kills"] == killed["kills_delivered"]
     assert cell["efficiency"] == pytest.approx(free["wall_s"] / killed["wall_s"])
     assert cell["efficiency"] == killed["efficiency"]["launch_to_exit"] > 0
+    assert cell["efficiency_min"] == cell["efficiency_max"] == cell["efficiency"]

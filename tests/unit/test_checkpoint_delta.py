@@ -149,6 +149,56 @@ def test_a_damaged_chain_is_refused(tmp_path: Path, damage: str) -> None:
         assert validate_any(tmp_path / delta_filename(1), LAYOUT, verify=True).step == 1
 
 
+@pytest.mark.parametrize(
+    "damage", ["truncate", "extend", "header_rows", "row_order", "missing_link", "none"]
+)
+def test_checking_links_without_their_payload_finds_what_a_full_read_finds(
+    tmp_path: Path, damage: str
+) -> None:
+    """``validate_any`` without ``verify`` (what retention runs after every checkpoint) reads
+    each link's header, block table and rows, not its weights: it refuses a wrong size, a
+    broken row list or a missing link as a full read does (the CRC is ``verify``'s)."""
+    history = _lazy_steps(4, 3)
+    _write_chain(tmp_path, history)
+    link = tmp_path / delta_filename(2)
+    data = bytearray(link.read_bytes())
+    table = HEADER_BYTES  # the first block: tables.a, its n_rows at offset 16 of the entry
+    if damage == "truncate":
+        data = data[:-3]
+    elif damage == "extend":
+        data += b"\0" * 12
+    elif damage == "header_rows":
+        data[table + 16] += 1  # one more row than the file holds
+    elif damage == "row_order":
+        rows_at = HEADER_BYTES + 24 * read_delta(link).blocks.__len__()
+        data[rows_at : rows_at + 8] = np.array([5, 5], np.int32).tobytes()
+    elif damage == "missing_link":
+        link.unlink()
+    if damage != "missing_link":
+        link.write_bytes(bytes(data))
+    newest = tmp_path / delta_filename(3)
+    full = light = None
+    try:
+        read_delta(link, verify=False)
+    except (CheckpointCorruptError, FileNotFoundError) as exc:
+        full = exc
+    try:
+        read_delta(link, verify=False, payload=False)
+    except (CheckpointCorruptError, FileNotFoundError) as exc:
+        light = exc
+    assert (full is None) == (light is None) == (damage == "none"), (full, light)
+    if damage == "none":
+        a, b = read_delta(link), read_delta(link, verify=False, payload=False)
+        assert [blk.rows.tolist() for blk in a.blocks] == [blk.rows.tolist() for blk in b.blocks]
+        assert b.payload.shape == (3, 0)
+        assert validate_any(newest, LAYOUT).step == 3
+    else:
+        with pytest.raises(CheckpointCorruptError):
+            validate_any(newest, LAYOUT)
+    with pytest.raises(ValueError, match="payload"):
+        read_delta(tmp_path / delta_filename(1), verify=True, payload=False)
+
+
 def test_a_chain_of_another_model_is_refused(tmp_path: Path) -> None:
     history = _lazy_steps(3, 2)
     _write_chain(tmp_path, history)
