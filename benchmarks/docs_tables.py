@@ -55,6 +55,12 @@ sections = [
         "Training efficiency under frequent failures (torchft's protocol)",
         "failure_efficiency.png",
     ),
+    (
+        "failure_efficiency_one_run",
+        "Training efficiency under frequent failures: every route and a kill every 5 s (one "
+        "run per cell, the previous version)",
+        "failure_efficiency_one_run.png",
+    ),
     ("train_recovery", "Failure recovery inside recd train (survivor vs elastic restart)", None),
     (
         "undo_overhead",

@@ -599,6 +599,12 @@ def summarize(
                     "efficiency_vs_own_failure_free", "launch_to_exit"
                 ),
                 "efficiency_runs": [r["efficiency"]["launch_to_exit"] for r in rs],
+                "efficiency_min": min(
+                    (r["efficiency"]["launch_to_exit"] for r in rs), default=None
+                ),
+                "efficiency_max": max(
+                    (r["efficiency"]["launch_to_exit"] for r in rs), default=None
+                ),
                 "kills": sum(r["kills_delivered"] for r in rs),
                 "survivor_recoveries": sum(r["survivor_recoveries"] for r in rs),
                 "restarts": sum(r["restarts"] for r in rs),
@@ -622,10 +628,14 @@ def summarize(
     for interval, target in TARGETS.items():
         cell = cells.get("survivor", {}).get(f"{interval:g}")
         if cell is not None and cell["efficiency"] is not None:
+            worst = cell["efficiency_min"]
             targets[f"survivor at {interval:g} s"] = {
                 "target": target,
                 "efficiency": cell["efficiency"],
-                "met": cell["efficiency"] >= target,
+                "worst_run": worst,
+                "runs": cell["runs"],
+                # a threshold is met by the bad end: every run, and at least 3 of them
+                "met": worst is not None and worst >= target and cell["runs"] >= 3,
             }
     return {
         "benchmark": "failure_efficiency",
@@ -710,13 +720,19 @@ def markdown_lines(report: dict[str, Any]) -> list[str]:
         "",
     ]
     for name, t in report["targets"].items():
+        worst, runs = t.get("worst_run"), t.get("runs", 1)
+        if runs < 3:
+            verdict = f"not shown: {runs} run(s), the measuring rules ask for 3"
+        else:
+            verdict = f"{'met' if t['met'] else 'not met'} by the worst run"
         lines.append(
-            f"- target: {name} >= {t['target']}: {_f(t['efficiency'], 3)} "
-            f"({'met' if t['met'] else 'not met'})"
+            f"- target: {name} >= {t['target']}: median {_f(t['efficiency'], 3)}, worst of "
+            f"{runs} run(s) {_f(worst, 3)} ({verdict})"
         )
     lines += [
         "",
-        "| route | kill every | efficiency | first step -> exit | vs own failure-free | kills "
+        "| route | kill every | efficiency, median (min-max) | first step -> exit | "
+        "vs own failure-free | kills "
         "| recoveries (survivor + restarts) | failed runs | final ckpt bit-exact | "
         "rows lost updates | final loss (vs failure-free) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -725,7 +741,8 @@ def markdown_lines(report: dict[str, Any]) -> list[str]:
         for key, c in by_interval.items():
             exact = c["final_checkpoint_bit_exact"]
             lines.append(
-                f"| {LABELS[route]} | {key} s | **{_f(c['efficiency'], 3)}** | "
+                f"| {LABELS[route]} | {key} s | **{_f(c['efficiency'], 3)}** "
+                f"({_f(c.get('efficiency_min'), 3)}-{_f(c.get('efficiency_max'), 3)}) | "
                 f"{_f(c['efficiency_first_step_to_exit'], 3)} | "
                 f"{_f(c['efficiency_vs_own_failure_free'], 3)} | {c['kills']} | "
                 f"{c['recoveries_completed']} ({c['survivor_recoveries']} + "
