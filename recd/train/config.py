@@ -294,8 +294,9 @@ class CheckpointSection:
     """Every this many-th checkpoint is a full ``step_NNNNNN.bin``; the ones between are
     deltas (``step_NNNNNN.delta``: the embedding rows updated since the previous checkpoint,
     every dense parameter). 1: every checkpoint full. The last checkpoint of a run, and the
-    first after a start or resume, are always full. One process only for now: a distributed
-    run writes full checkpoints whatever this says (with a warning)."""
+    first after a start or resume, are always full. Tables updated by fbgemm's fused ADAM
+    (on a GPU) cannot log their rows: such a run writes full checkpoints whatever this says
+    (with a warning)."""
     keep_last: PositiveInt = 3
     """Retention: always keep the newest K checkpoints (a kept delta keeps its chain)."""
     keep_every: NonNegativeInt = 10
