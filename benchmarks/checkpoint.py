@@ -728,11 +728,20 @@ def delta_bytes_figures(
     }
 
 
+def max_abs_diff(a: Any, b: Any) -> float:
+    """The largest difference between two checkpoints' weights, m and v."""
+    import numpy as np
+
+    return max(
+        float(np.max(np.abs(np.asarray(getattr(a, r)) - np.asarray(getattr(b, r)))))
+        for r in ("weights", "adam_m", "adam_v")
+    )
+
+
 def check_delta_chain(rig: StallRig) -> dict[str, Any]:
     """The delta role's newest checkpoint restored through its chain (``read_any``) against
     the checkpoint role's full file of the same step (same seed, same batches: the same
     state), element by element: a delta that missed a touched row shows here."""
-    import numpy as np
 
     from recd.checkpoint import read_checkpoint
     from recd.checkpoint.chain import chain_paths, read_any
@@ -745,14 +754,7 @@ def check_delta_chain(rig: StallRig) -> dict[str, Any]:
     chained = read_any(path, layout)
     full_dir = rig.checkpointers[rig.roles[segment].index("checkpoint")].run_dir
     full = read_checkpoint(full_dir / f"step_{step:06d}.bin", layout)
-    diff = max(
-        float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-        for a, b in (
-            (chained.weights, full.weights),
-            (chained.adam_m, full.adam_m),
-            (chained.adam_v, full.adam_v),
-        )
-    )
+    diff = max_abs_diff(chained, full)
     return {
         "step": step,
         "kind": newest["kind"],
@@ -1368,8 +1370,6 @@ def measure_large(size: Size, work: Path, threads: int, full_every: int) -> dict
     delta's gather; the full file's snapshot), the row logging's time."""
     import shutil
 
-    import numpy as np
-
     from recd.checkpoint import read_checkpoint
     from recd.checkpoint.chain import chain_paths, read_any, step_of_name
     from recd.train.checkpointing import Checkpointer
@@ -1438,14 +1438,7 @@ def measure_large(size: Size, work: Path, threads: int, full_every: int) -> dict
     if delta_path.exists():
         chained = read_any(delta_path, layout)
         full = read_checkpoint(run_dir / f"step_{last:06d}.bin", layout)
-        diff = max(
-            float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-            for a, b in (
-                (chained.weights, full.weights),
-                (chained.adam_m, full.adam_m),
-                (chained.adam_v, full.adam_v),
-            )
-        )
+        diff = max_abs_diff(chained, full)
         chain_check: dict[str, Any] = {
             "step": last,
             "links": [p.name for p in chain_paths(delta_path)],
