@@ -584,6 +584,7 @@ def summarize(
         for interval in args.intervals:
             rs = [r for r in runs if r["route"] == route and r["interval_s"] == interval]
             fin = [r for r in rs if r["finished"]]
+            effs = [r["efficiency"]["launch_to_exit"] for r in rs]
 
             def med(key: str, sub: str, rs: list[dict[str, Any]] = rs) -> float | None:
                 values = [r[key][sub] for r in rs if r[key][sub] is not None]
@@ -598,13 +599,9 @@ def summarize(
                 "efficiency_vs_own_failure_free": med(
                     "efficiency_vs_own_failure_free", "launch_to_exit"
                 ),
-                "efficiency_runs": [r["efficiency"]["launch_to_exit"] for r in rs],
-                "efficiency_min": min(
-                    (r["efficiency"]["launch_to_exit"] for r in rs), default=None
-                ),
-                "efficiency_max": max(
-                    (r["efficiency"]["launch_to_exit"] for r in rs), default=None
-                ),
+                "efficiency_runs": effs,
+                "efficiency_min": min(effs, default=None),
+                "efficiency_max": max(effs, default=None),
                 "kills": sum(r["kills_delivered"] for r in rs),
                 "survivor_recoveries": sum(r["survivor_recoveries"] for r in rs),
                 "restarts": sum(r["restarts"] for r in rs),

@@ -180,17 +180,17 @@ class ModelAdam:
         tables not updated are absent), fresh logs taking the next steps' rows."""
         if self.embeddings is None:
             return {}
-        by_param = self.embeddings.detach_row_logs()
-        return {
-            n: by_param[self.params[n]] for n in self.embedding_names if self.params[n] in by_param
-        }
+        return self._by_name(self.embeddings.detach_row_logs())
 
     def take_logged_rows(self) -> dict[str, torch.Tensor]:
         """Each embedding table's rows updated since the last call or since :meth:`log_rows`
         (name -> int64 sorted rows; tables not updated are absent)."""
         if self.embeddings is None:
             return {}
-        by_param = self.embeddings.take_logged_rows()
+        return self._by_name(self.embeddings.take_logged_rows())
+
+    def _by_name(self, by_param: Mapping[torch.Tensor, Any]) -> dict[str, Any]:
+        """A per-table mapping keyed by parameter, keyed by name instead (absent stay absent)."""
         return {
             n: by_param[self.params[n]] for n in self.embedding_names if self.params[n] in by_param
         }

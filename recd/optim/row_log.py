@@ -3,10 +3,10 @@
 A step hands over the unique rows it updated (a tensor the update made anyway); keeping a
 reference is all a step pays. The checkpoint's :meth:`RowLog.take` merges them: a sort of
 the kept indices when they are few against the table (``torch.unique``), else one write
-into a bool mask of the table's rows and a scan of it (no sort; numpy's on the CPU). Once the kept indices
-outnumber ``FOLD_FACTOR`` times the table's rows (and ``MIN_FOLD`` indices) they are folded
-into the mask early, so memory stays bounded by the table, not by the steps between
-checkpoints.
+into a bool mask of the table's rows and a scan of it (no sort; numpy's on the CPU). Once
+the kept indices outnumber ``FOLD_FACTOR`` times the table's rows (and ``MIN_FOLD``
+indices) they are folded into the mask early, so memory stays bounded by the table, not by
+the steps between checkpoints.
 """
 
 from __future__ import annotations

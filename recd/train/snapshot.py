@@ -148,6 +148,8 @@ class RowPatches:
 
     def __init__(self, tables: dict[int, TableViews]) -> None:
         self._tables = tables
+        self._keys = frozenset(tables)
+        """The tables a step may update (any other is an error)."""
         self._cond = threading.Condition()
         self._closed = False
         self._open_steps = 0
@@ -187,7 +189,7 @@ class RowPatches:
             **kwargs: Any,
         ) -> Any:
             key = id(weight)
-            if key not in self._tables:
+            if key not in self._keys:
                 raise CheckpointError(
                     f"snapshot: a table of shape {tuple(weight.shape)} is updated but is not "
                     "in the checkpoint image"
@@ -280,7 +282,8 @@ class DeltaRowPatches(RowPatches):
     checkpoint's step: the next delta's)."""
 
     def __init__(self, tables: set[int]) -> None:
-        super().__init__(dict.fromkeys(tables, ()))  # type: ignore[arg-type]
+        super().__init__({})
+        self._keys = frozenset(tables)
         self._targets: dict[int, tuple[torch.Tensor, TableViews]] = {}
 
     def set_target(self, key: int, rows: torch.Tensor, copies: TableViews) -> None:
@@ -304,15 +307,19 @@ class DeltaRowPatches(RowPatches):
 
 @dataclass(eq=False)
 class _TableGather:
-    """One embedding table of a delta: its detached row log and live tensors."""
+    """One embedding table of a delta: its detached row log and live tensors; after the
+    gather, its updated rows and their copies."""
 
-    name: str
     start: int
     width: int
     log: RowLog
     sources: TableViews
     rows: torch.Tensor | None = None
     copies: TableViews | None = None
+
+
+_DenseCopy = tuple[Block, TableViews]
+"""A dense tensor of a delta: its block and its three copies (filled by the dense pieces)."""
 
 
 @dataclass(eq=False)
@@ -322,9 +329,12 @@ class DeltaFill(SnapshotFill):
     thread with copy-on-write patches. Build it with :meth:`plan` at the step boundary;
     :meth:`parts` gives the delta's blocks once :meth:`run` is done."""
 
-    order: list[tuple[str, Block | None, TableViews | _TableGather]] = field(default_factory=list)
-    """Every parameter in checkpoint order: (name, its block, its three copies) for a dense
-    tensor, (name, None, its gather) for a table."""
+    order: list[_DenseCopy | _TableGather] = field(default_factory=list)
+    """Every parameter with something to write, in checkpoint order."""
+    merge_s: float = 0.0
+    """Writer-thread seconds merging the detached row logs (after :meth:`run`)."""
+    gather_s: float = 0.0
+    """Writer-thread seconds gathering the updated rows' weights, m and v."""
 
     @classmethod
     @torch.no_grad()
@@ -332,25 +342,29 @@ class DeltaFill(SnapshotFill):
         """On the training thread, at the boundary: detach the row logs (fresh ones take the
         next steps' rows) and plan the dense copies. CPU tensors only."""
         logs = optimizer.detach_row_logs()
-        moments = (optimizer.moments("adam_m"), optimizer.moments("adam_v"))
+        m, v = optimizer.moments("adam_m"), optimizer.moments("adam_v")
         tables = set(optimizer.embedding_names)
-        order: list[tuple[str, Block | None, TableViews | _TableGather]] = []
+        order: list[_DenseCopy | _TableGather] = []
         dense: list[tuple[torch.Tensor, torch.Tensor]] = []
         for name in optimizer.names:
             spec, offset = layout.spec(name), layout.offset_of(name)
-            sources = (optimizer.params[name], *(m[name] for m in moments))
+            sources = (optimizer.params[name], m[name], v[name])  # the live tensors (patch keys)
             if name in tables:
                 log = logs.get(name)
                 if log is not None:
                     width = spec.numel // spec.shape[0]
-                    gather = _TableGather(name, offset, width, log, sources)  # type: ignore[arg-type]
-                    order.append((name, None, gather))
+                    order.append(_TableGather(offset, width, log, sources))
                 continue
-            copies = tuple(torch.empty(spec.numel, dtype=torch.float32) for _ in range(3))
+            n = spec.numel
+            f32 = torch.float32
+            copies = (
+                torch.empty(n, dtype=f32),
+                torch.empty(n, dtype=f32),
+                torch.empty(n, dtype=f32),
+            )
             for target, source in zip(copies, sources, strict=True):
                 dense.extend(cut_pieces(target, source.detach().reshape(-1)))
-            block = Block(offset, spec.numel, spec.numel, np.zeros(1, np.int32))
-            order.append((name, block, copies))  # type: ignore[arg-type]
+            order.append((Block(offset, n, n, np.zeros(1, np.int32)), copies))
         keys = {id(optimizer.params[name]) for name in tables}
         return cls(
             dense=FillPieces(dense),
@@ -359,16 +373,11 @@ class DeltaFill(SnapshotFill):
             order=order,
         )
 
-    merge_s: float = 0.0
-    """Writer-thread seconds merging the detached row logs (after :meth:`run`)."""
-    gather_s: float = 0.0
-    """Writer-thread seconds gathering the updated rows' weights, m and v."""
-
     @torch.no_grad()
     def _copy_tables(self) -> None:
         patches = self.patches
         assert isinstance(patches, DeltaRowPatches)
-        for _, _, item in self.order:
+        for item in self.order:
             if not isinstance(item, _TableGather):
                 continue
             began = time.perf_counter()
@@ -377,22 +386,20 @@ class DeltaFill(SnapshotFill):
             self.merge_s += merged - began
             if rows is None:
                 continue
-            item.copies = tuple(s.index_select(0, rows) for s in item.sources)  # type: ignore[assignment]
-            patches.set_target(id(item.sources[0]), rows, item.copies)  # type: ignore[arg-type]
+            w, m, v = (s.index_select(0, rows) for s in item.sources)
+            item.copies = (w, m, v)
+            patches.set_target(id(item.sources[0]), rows, item.copies)
             self.gather_s += time.perf_counter() - merged
 
     def parts(self) -> list[DeltaPart]:
         """The delta's blocks and their weights, m and v (after :meth:`run`)."""
         out: list[DeltaPart] = []
-        for _, block, item in self.order:
-            if isinstance(item, _TableGather):
-                if item.rows is None or item.copies is None:
-                    continue
+        for item in self.order:
+            if not isinstance(item, _TableGather):
+                block, copies = item
+                out.append((block, tuple(c.numpy() for c in copies)))
+            elif item.rows is not None and item.copies is not None:
                 rows = item.rows.numpy().astype(np.int32)
                 block = Block(item.start, item.width, item.width, rows)
-                values = tuple(c.reshape(-1).numpy() for c in item.copies)
-            else:
-                assert block is not None
-                values = tuple(c.numpy() for c in item)
-            out.append((block, values))
+                out.append((block, tuple(c.reshape(-1).numpy() for c in item.copies)))
         return out
